@@ -1,0 +1,112 @@
+"""Multi-head attention: the one attention module of msgcore.
+
+Vaswani et al., "Attention Is All You Need", NeurIPS 2017 (arXiv:1706.03762), §3.2.
+
+Notation (shapes are batch-first):
+    B batch, H heads, T query length, S key length, D model width, Dh = D / H head width.
+
+One module serves self-attention, causal self-attention and cross-attention:
+    * self-attention:  `attn(x)`                      keys/values come from x
+    * cross-attention: `attn(x, memory=enc_hidden)`   keys/values come from the encoder
+Masks are bool and True means "may attend", as in `F.scaled_dot_product_attention`.
+
+The KV cache is explicit: a `(k, v)` pair, each (B, H, S, Dh), is passed in and returned.
+    * self-attention appends this step's keys/values to the cached ones;
+    * cross-attention computes keys/values from `memory` once and afterwards reuses the cache.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+KV = tuple[Tensor, Tensor]  # (k, v), each (B, H, S, Dh)
+
+
+def attention_math(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                   dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:
+    """Scaled dot-product attention written out, for teaching, tests and attention maps.
+
+    q (B, H, T, Dh), k and v (B, H, S, Dh), mask broadcastable to (B, H, T, S), True = may attend.
+    Returns the output (B, H, T, Dh) and the attention weights (B, H, T, S).
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # Eq. (1): QK^T / sqrt(d_k)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # Eq. (1): softmax(.)
+    weights = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    return weights @ v, weights  # Eq. (1): softmax(.) V
+
+
+def causal_mask(query_len: int, key_len: int, device: torch.device) -> Tensor:
+    """(T, S) bool mask where query t may attend to keys up to its own position.
+
+    With a cache of key_len - query_len earlier positions, query t sits at key_len - query_len + t.
+    """
+    offset = key_len - query_len
+    q_pos = torch.arange(query_len, device=device).unsqueeze(1) + offset
+    return torch.arange(key_len, device=device).unsqueeze(0) <= q_pos
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    Eq. on p. 5 of Vaswani et al. 2017. `forward` returns (output, cache, weights); weights are
+    None unless `need_weights=True`, which takes the math path (SDPA does not return weights).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.n_heads, self.head_dim, self.dropout = n_heads, d_model // n_heads, dropout
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)  # W^Q for all heads at once
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)  # W^K
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)  # W^V
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+
+    def merge_heads(self, x: Tensor) -> Tensor:
+        B, _, T, _ = x.shape
+        return x.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, D)
+
+    def keys_values(self, x: Tensor, memory: Tensor | None, cache: KV | None) -> KV:
+        """This call's keys and values, combined with the cache as the attention kind requires."""
+        if memory is not None and cache is not None:
+            return cache  # cross-attention: K/V of the encoder output were computed at step 0
+        source = x if memory is None else memory
+        k, v = self.split_heads(self.k_proj(source)), self.split_heads(self.v_proj(source))
+        if memory is None and cache is not None:  # self-attention: append this step
+            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+        return k, v
+
+    def forward(self, x: Tensor, memory: Tensor | None = None, mask: Tensor | None = None,
+                cache: KV | None = None, causal: bool = False,
+                need_weights: bool = False) -> tuple[Tensor, KV, Tensor | None]:
+        """x (B, T, D); memory (B, S, D) for cross-attention; mask broadcastable to (B, H, T, S).
+
+        `causal=True` lets query t see keys <= t (counting cached positions).
+        Returns output (B, T, D), the new cache (k, v) and the weights (B, H, T, S) or None.
+        """
+        q = self.split_heads(self.q_proj(x))  # (B, H, T, Dh)
+        k, v = self.keys_values(x, memory, cache)  # (B, H, S, Dh) each
+        T, S = q.size(2), k.size(2)
+        use_is_causal = causal and T == S and mask is None  # SDPA's fast causal path
+        if causal and not use_is_causal and T > 1:
+            step_mask = causal_mask(T, S, x.device)  # (T, S)
+            mask = step_mask if mask is None else mask & step_mask
+        dropout_p = self.dropout if self.training else 0.0
+        if need_weights:
+            if use_is_causal:
+                mask = causal_mask(T, S, x.device)
+            out, weights = attention_math(q, k, v, mask, dropout_p)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                                 is_causal=use_is_causal)
+            weights = None
+        return self.out_proj(self.merge_heads(out)), (k, v), weights

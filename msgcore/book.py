@@ -1,0 +1,309 @@
+"""Execute the book's chapter notebooks at one scale and, optionally, build the HTML book.
+
+    python -m msgcore.book run [--scale smoke|small|full] [--chapter NAME ...] [--in-place]
+                               [--out DIR] [--build] [--device auto] [--seed 0] [--timeout SECONDS]
+
+Chapters are the notebooks listed in ``_toc.yml`` (every ``file:`` entry whose ``.ipynb`` exists), in
+TOC order. Each is executed by papermill, which injects ``scale``, ``device`` and ``seed`` in a cell
+after the one tagged ``parameters``; the runner tags that injected cell ``remove-cell`` so the HTML
+stays clean.
+
+The book sources (``_config.yml``, ``_toc.yml``, the folders holding the TOC's pages) are always
+copied into a run directory (default ``runs/<scale>-<YYYYmmdd-HHMMSS>``) and the chapters are executed
+there, with the notebook's folder as working directory. The committed notebooks are left untouched,
+except with ``--in-place`` (small and full scales only): then each chapter that ran without error
+replaces its committed notebook atomically. The run stops at the first failing chapter, prints a
+summary table and exits with status 1. ``--build`` then runs ``jupyter-book build <run dir> -W``.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import yaml
+
+from msgcore.utils import MsgcoreError, atomic_write
+
+SCALES = ("smoke", "small", "full")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BOOK_FILES = ("_config.yml", "_toc.yml")
+COPY_IGNORE = shutil.ignore_patterns(".ipynb_checkpoints", "_build", "__pycache__", ".*.tmp")
+
+
+class BookError(MsgcoreError):
+    """A bad request to the runner: unknown chapter or scale, a refused option."""
+
+
+class BuildError(BookError):
+    """`jupyter-book build` failed (or is missing)."""
+
+
+@dataclass
+class ChapterResult:
+    """The outcome of one chapter: status is "ok", "FAILED" or "not run"."""
+
+    chapter: str
+    scale: str
+    status: str
+    minutes: float | None = None
+    error: str = ""
+
+
+@dataclass
+class RunReport:
+    """What one `run_book` call did: where, which chapters, and the built HTML index (if any)."""
+
+    run_dir: Path
+    results: list[ChapterResult] = field(default_factory=list)
+    html_index: Path | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(r.status == "ok" for r in self.results)
+
+
+# ----------------------------------------------------------------------------- chapters
+
+def _toc_entries(node: object) -> Iterator[str]:
+    """Every `root:` and `file:` value of a parsed _toc.yml, in document order."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("root", "file") and isinstance(value, str):
+                yield value
+            else:
+                yield from _toc_entries(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _toc_entries(item)
+
+
+def find_chapters(root: Path) -> dict[str, Path]:
+    """Chapter name (the notebook's file stem) -> notebook path, for each TOC entry that is a notebook."""
+    toc = yaml.safe_load((Path(root) / "_toc.yml").read_text(encoding="utf-8"))
+    chapters: dict[str, Path] = {}
+    for entry in _toc_entries(toc):
+        path = Path(root) / (entry if entry.endswith(".ipynb") else f"{entry}.ipynb")
+        if path.is_file():
+            chapters[path.stem] = path
+    return chapters
+
+
+def select_chapters(chapters: dict[str, Path], names: Sequence[str] | None) -> dict[str, Path]:
+    """The chapters asked for (all when `names` is empty), in TOC order; accepts 'book/x.ipynb' for 'x'."""
+    if not names:
+        return dict(chapters)
+    wanted = {Path(n).name.removesuffix(".ipynb") for n in names}
+    unknown = sorted(wanted - set(chapters))
+    if unknown:
+        raise BookError(f"unknown chapter {unknown[0]!r}; known chapters: {', '.join(chapters) or '(none)'}")
+    return {name: path for name, path in chapters.items() if name in wanted}
+
+
+def book_sources(root: Path) -> list[Path]:
+    """What a run directory needs to build: the config, the TOC, *.bib files and the TOC's top folders."""
+    toc = yaml.safe_load((root / "_toc.yml").read_text(encoding="utf-8"))
+    folders = {Path(entry).parts[0] for entry in _toc_entries(toc) if len(Path(entry).parts) > 1}
+    files = [root / name for name in BOOK_FILES] + sorted(root.glob("*.bib"))
+    return [p for p in files if p.is_file()] + [root / f for f in sorted(folders) if (root / f).is_dir()]
+
+
+# ----------------------------------------------------------------------------- running
+
+def default_scale() -> str:
+    """`full` when a CUDA GPU is visible, else `smoke`."""
+    import torch
+
+    return "full" if torch.cuda.is_available() else "smoke"
+
+
+def check_options(scale: str, in_place: bool) -> None:
+    if scale not in SCALES:
+        raise BookError(f"unknown scale {scale!r}; known scales: {', '.join(SCALES)}")
+    if in_place and scale == "smoke":
+        raise BookError("--in-place is refused at smoke scale: smoke outputs never replace the committed notebooks")
+
+
+def make_run_dir(root: Path, scale: str, out: Path | None) -> Path:
+    """Create the run directory and copy the book sources into it."""
+    run_dir = Path(out) if out else root / "runs" / f"{scale}-{datetime.now():%Y%m%d-%H%M%S}"
+    run_dir = run_dir.resolve()
+    if run_dir == root.resolve():
+        raise BookError("--out must not be the book root: the committed notebooks would be overwritten")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for src in book_sources(root):
+        if src.is_dir():
+            shutil.copytree(src, run_dir / src.name, ignore=COPY_IGNORE, dirs_exist_ok=True)
+        else:
+            shutil.copy2(src, run_dir / src.name)
+    return run_dir
+
+
+def hide_parameter_cells(path: Path) -> None:
+    """Tag the `parameters` and papermill's `injected-parameters` cells `remove-cell`."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        tags = cell.metadata.get("tags", [])
+        if {"parameters", "injected-parameters"} & set(tags) and "remove-cell" not in tags:
+            cell.metadata["tags"] = [*tags, "remove-cell"]
+    with atomic_write(path, "w", encoding="utf-8") as f:
+        nbformat.write(nb, f)
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    lines = str(text).strip().splitlines()
+    line = lines[0] if lines else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def execute_chapter(src: Path, dst: Path, scale: str, device: str = "auto", seed: int = 0,
+                    timeout: float | None = None) -> ChapterResult:
+    """Run notebook `src` with papermill into `dst` (cwd = dst's folder); never raises on a cell error."""
+    import papermill as pm
+
+    start = time.perf_counter()
+    try:
+        pm.execute_notebook(
+            str(src), str(dst), parameters=dict(scale=scale, device=device, seed=seed),
+            kernel_name="python3", cwd=str(dst.parent), progress_bar=False, log_output=False,
+            request_save_on_cell_execute=True, execution_timeout=timeout)
+        error = ""
+    except pm.PapermillExecutionError as e:
+        error = f"cell In[{e.exec_count}] `{_one_line(e.source, 60)}`: {e.ename}: {_one_line(e.evalue)}"
+    except Exception as e:  # a dead kernel, a cell timeout, an unreadable notebook
+        error = f"{type(e).__name__}: {_one_line(e)}"
+    minutes = (time.perf_counter() - start) / 60
+    if error:
+        return ChapterResult(src.stem, scale, "FAILED", minutes, error)
+    hide_parameter_cells(dst)
+    return ChapterResult(src.stem, scale, "ok", minutes)
+
+
+def publish(executed: Path, committed: Path) -> None:
+    """Atomically replace the committed notebook with the executed one."""
+    data = executed.read_bytes()
+    with atomic_write(committed, "wb") as f:
+        f.write(data)
+
+
+def run_chapters(root: Path, run_dir: Path, chapters: dict[str, Path], scale: str, *, in_place: bool,
+                 device: str, seed: int, timeout: float | None) -> list[ChapterResult]:
+    """Execute the chapters in order; stop at the first failure (the rest are "not run")."""
+    results: list[ChapterResult] = []
+    for name, src in chapters.items():
+        dst = run_dir / src.relative_to(root)
+        print(f"[{scale}] {name} ...", flush=True)
+        result = execute_chapter(src, dst, scale, device, seed, timeout)
+        results.append(result)
+        if result.status != "ok":
+            print(f"FAILED {name}: {result.error}\n  the executed notebook, with the error: {dst}", flush=True)
+            break
+        if in_place:
+            publish(dst, src)
+            print(f"  replaced {src}", flush=True)
+    results += [ChapterResult(name, scale, "not run") for name in list(chapters)[len(results):]]
+    return results
+
+
+def format_summary(results: Sequence[ChapterResult]) -> str:
+    """A plain-text table: chapter, scale, status, minutes."""
+    width = max([len("chapter")] + [len(r.chapter) for r in results])
+    lines = [f"{'chapter':<{width}}  {'scale':<5}  {'status':<7}  {'minutes':>7}"]
+    for r in results:
+        minutes = f"{r.minutes:.1f}" if r.minutes is not None else "-"
+        lines.append(f"{r.chapter:<{width}}  {r.scale:<5}  {r.status:<7}  {minutes:>7}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- building
+
+def jupyter_book_executable() -> str:
+    """The jupyter-book beside this Python (the same venv), else the one on PATH."""
+    exe = Path(sys.executable).parent / "jupyter-book"
+    if exe.is_file():
+        return str(exe)
+    found = shutil.which("jupyter-book")
+    if found is None:
+        raise BuildError("jupyter-book is not installed: pip install 'jupyter-book<2'")
+    return found
+
+
+def build_book(book_dir: Path) -> Path:
+    """`jupyter-book build <book_dir> --all -W --keep-going`; returns the HTML index, raises on failure."""
+    cmd = [jupyter_book_executable(), "build", str(book_dir), "--all", "-W", "--keep-going"]
+    print("$ " + " ".join(cmd), flush=True)
+    code = subprocess.run(cmd).returncode
+    if code != 0:
+        raise BuildError(f"jupyter-book build failed with exit status {code}; the warnings are printed above")
+    return book_dir / "_build" / "html" / "index.html"
+
+
+# ----------------------------------------------------------------------------- entry points
+
+def run_book(root: Path = REPO_ROOT, chapters: Sequence[str] | None = None, scale: str | None = None, *,
+             out: Path | None = None, in_place: bool = False, device: str = "auto", seed: int = 0,
+             timeout: float | None = None, build: bool = False) -> RunReport:
+    """Execute the chosen chapters of the book at `root` into a run directory; see the module docstring."""
+    root = Path(root).resolve()
+    scale = scale or default_scale()
+    check_options(scale, in_place)
+    selected = select_chapters(find_chapters(root), chapters)
+    run_dir = make_run_dir(root, scale, out)
+    print(f"run directory: {run_dir}", flush=True)
+    report = RunReport(run_dir, run_chapters(root, run_dir, selected, scale, in_place=in_place,
+                                             device=device, seed=seed, timeout=timeout))
+    print("\n" + format_summary(report.results), flush=True)
+    if report.ok and build:
+        report.html_index = build_book(run_dir)
+        print(f"HTML book: {report.html_index}", flush=True)
+    print(f"run directory: {run_dir}", flush=True)
+    return report
+
+
+def default_root() -> Path:
+    """The current directory when it holds a _toc.yml, else the checkout this module lives in."""
+    return Path.cwd() if (Path.cwd() / "_toc.yml").is_file() else REPO_ROOT
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m msgcore.book", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="execute chapter notebooks (and optionally build the book)")
+    run.add_argument("--scale", choices=SCALES, help="default: full when a GPU is visible, else smoke")
+    run.add_argument("--chapter", nargs="+", metavar="NAME", help="chapters to run (default: all in _toc.yml)")
+    run.add_argument("--in-place", action="store_true", help="replace the committed notebooks (small/full only)")
+    run.add_argument("--out", type=Path, metavar="DIR", help="run directory (default: runs/<scale>-<YYYYmmdd-HHMMSS>)")
+    run.add_argument("--build", action="store_true", help="then run jupyter-book build <run dir> -W")
+    run.add_argument("--device", default="auto", help="passed to the notebooks (default: auto)")
+    run.add_argument("--seed", type=int, default=0, help="passed to the notebooks (default: 0)")
+    run.add_argument("--timeout", type=float, metavar="SECONDS", help="per-cell time limit (default: none)")
+    run.add_argument("--root", type=Path, default=None, metavar="DIR", help="book root (default: . if it has _toc.yml)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns 0 on success, 1 on a failed chapter or build, 2 on a bad request."""
+    args = parse_args(argv)
+    try:
+        report = run_book(args.root or default_root(), args.chapter, args.scale, out=args.out,
+                          in_place=args.in_place, device=args.device, seed=args.seed,
+                          timeout=args.timeout, build=args.build)
+    except BuildError as e:
+        print(f"msgcore.book: error: {e}", file=sys.stderr)
+        return 1
+    except BookError as e:
+        print(f"msgcore.book: error: {e}", file=sys.stderr)
+        return 2
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""Fetch the book's public data sets into a local cache, verified against fixed sha256 sums.
+
+Every file a loader in `msgcore.data` reads is listed in `MANIFEST` with its public URL and
+its sha256 in `SHA256`. `ensure(dataset)` makes sure the cache holds verified copies:
+
+1. a cached file whose sha256 matches is used as it is;
+2. otherwise the file is copied from a local mirror (a folder laid out like the cache,
+   e.g. `../shared/data` beside the repository, or `$MSGCORE_DATA_MIRROR`), or
+3. downloaded from its public URL.
+
+Copies and downloads are written to a temporary file and checked *before* they are renamed
+into place, so the cache never holds a file with the wrong contents.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.client
+import logging
+import os
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import BinaryIO
+
+from msgcore.utils import DataError, atomic_write
+
+logger = logging.getLogger(__name__)
+
+# The sha256 of every file, identical to data_scripts/SHA256SUMS (a test checks that they agree).
+SHA256: dict[str, str] = {
+    "doc-level-en-de/Europarl7/concatenated_en2de_dev_de.txt": "d75378d8f8482c4276e3c77be8f8c48e5577c064c05481b1a05cff1db5c5b0aa",
+    "doc-level-en-de/Europarl7/concatenated_en2de_dev_en.txt": "938fde3fccaace0e221e2520dcb11d9b121ca3740308a4c7940692c96955b011",
+    "doc-level-en-de/Europarl7/concatenated_en2de_test_de.txt": "60bd6552032d82bfd0fb9597bad8aec4f6cf333918cb56a5cf215003d983850a",
+    "doc-level-en-de/Europarl7/concatenated_en2de_test_en.txt": "a82dd0099a1a786b9af99eeb2444bf0ad935d0a534cd883c5d560980fd07859c",
+    "doc-level-en-de/IWSLT2017/concatenated_en2de_dev_de.txt": "b22638ac9a98861dbdc81def31472d7d816e64cd7cc06482fb041b69016340b6",
+    "doc-level-en-de/IWSLT2017/concatenated_en2de_dev_en.txt": "ab2299d5f254f12128d49aac47614930ed83965e4c3548709ac428aa0a25e8ce",
+    "doc-level-en-de/IWSLT2017/concatenated_en2de_test_de.txt": "9a6bb0f3f79879a6af26b3012d584853ba0d53700972ccdb799bb92aeb7d6912",
+    "doc-level-en-de/IWSLT2017/concatenated_en2de_test_en.txt": "f8414019291f264368570a60cbc662ea2ac00f07d079624823f6553fa632e3d3",
+    "doc-level-en-de/NC-2016/concatenated_en2de_dev_de.txt": "e482a04b2cc1e3015059de851dbb295afea7e79a3d76278561e6e5ad9939e110",
+    "doc-level-en-de/NC-2016/concatenated_en2de_dev_en.txt": "bfc32336a5820c95b460a5a4cb715af93c43147bed01f7a6936ed3b0f1d7f719",
+    "doc-level-en-de/NC-2016/concatenated_en2de_test_de.txt": "11f7dd3ba475ce6d4fa4b33bb949ed61fa847d46ff2bfbb81ef39d83f30fa110",
+    "doc-level-en-de/NC-2016/concatenated_en2de_test_en.txt": "9edec9fe1259b7b4802a6e451cc2a8c0d1bc4851dcad24c91f30b79998f801be",
+    "mlqe-pe-en-de/en-de-dev.tar.gz": "7ca5e97c00e9733ba97aa70ca03c1ac9840ececcc4a09900262027912d432c4c",
+    "mlqe-pe-en-de/en-de-train.tar.gz": "219cdfd4e1d89d47e6136651af5136e3942ee93b4c9c44354b232baa18c75731",
+    "multi30k/test_2016_flickr.cs.gz": "200a4a74cc9560f051924abb9803be008d1908d77f747e9141aeb86dfd2797f1",
+    "multi30k/test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
+    "multi30k/test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
+    "multi30k/test_2016_flickr.fr.gz": "6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90",
+    "multi30k/test_2017_flickr.de.gz": "a2c89666db00c495cd8513b9d708d5a3acc205d7de312ef2bf5fb7ebc1540aee",
+    "multi30k/test_2017_flickr.en.gz": "76a444ee25172e72695cddb13ae4a3bda59430617be88e0bb46b60504f054074",
+    "multi30k/test_2017_flickr.fr.gz": "3ba671ceb2299f3304ffafefea7a833d08632fbaf0ba18546f8a2ec2391af496",
+    "multi30k/train.cs.gz": "a65adb8b32e3bc664f21ecba7a6e7f6950fd1f405e135f7c312faabdb6255077",
+    "multi30k/train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
+    "multi30k/train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
+    "multi30k/train.fr.gz": "622e75069e9f4c577425c4f277116ce66e63a2401c0a2312d90073cb12379a3c",
+    "multi30k/val.cs.gz": "b63226e05c4bd5dd6a42897d74b86a1b9d2c31498252c572b1ea7f7996927fcc",
+    "multi30k/val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
+    "multi30k/val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
+    "multi30k/val.fr.gz": "ca3106f1a72390591d25f6c45cb4cd39dec4cd3f123e099748a3ce5256c160e9",
+    "wmt16-17-ape-en-de/train.mt": "c6be8c08eee9c11b7e70dbf22e7a1104e0dded7077a4b5e1d4882e79d95d7310",
+    "wmt16-17-ape-en-de/train.pe": "c13d1e6cc69c13ffd204bf105a82d0e60b3d44637fb3a658b63336fda2cccca6",
+    "wmt16-17-ape-en-de/train.src": "b56a83ef8ee2aa681c301e5283c2620b35133301f70e9a8f846022787d8ab177",
+}
+
+MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/"
+APE_URL = "https://github.com/antoniogois/keystrokes_ape/raw/master/data/"
+MLQE_PE_URL = "https://github.com/sheffieldnlp/mlqe-pe/raw/master/data/post-editing/"
+DOC_LEVEL_URL = "https://github.com/sameenmaruf/selective-attn/raw/master/data/"
+
+_MULTI30K_FILES = ([f"{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr")
+                    for lang in ("en", "de", "fr", "cs")]
+                   + [f"test_2017_flickr.{lang}.gz" for lang in ("en", "de", "fr")])
+_DOC_LEVEL_FILES = [f"{corpus}/concatenated_en2de_{split}_{lang}.txt" for corpus in ("IWSLT2017", "NC-2016", "Europarl7")
+                    for split in ("dev", "test") for lang in ("en", "de")]
+
+# dataset name -> [(path relative to the cache / mirror root, public URL)]
+MANIFEST: dict[str, list[tuple[str, str]]] = {
+    "multi30k": [(f"multi30k/{name}", MULTI30K_URL + name) for name in _MULTI30K_FILES],
+    "wmt16-17-ape-en-de": [(f"wmt16-17-ape-en-de/train.{ext}", APE_URL + f"train.{ext}")
+                           for ext in ("src", "mt", "pe")],
+    "mlqe-pe-en-de": [(f"mlqe-pe-en-de/en-de-{split}.tar.gz", MLQE_PE_URL + f"{split}/en-de-{split}.tar.gz")
+                      for split in ("train", "dev")],
+    "doc-level-en-de": [(f"doc-level-en-de/{name}", DOC_LEVEL_URL + name) for name in _DOC_LEVEL_FILES],
+}
+DATASETS: tuple[str, ...] = tuple(MANIFEST)
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+_CHUNK = 1 << 20
+
+
+def cache_dir() -> Path:
+    """Where verified data files live: `$MSGCORE_DATA`, else `~/.cache/msgcore/data`."""
+    return Path(os.environ.get("MSGCORE_DATA") or Path.home() / ".cache" / "msgcore" / "data")
+
+
+def mirror_dir() -> Path | None:
+    """A local copy of the public files: `$MSGCORE_DATA_MIRROR`, else `<repo>/../shared/data` if it exists.
+
+    Setting `MSGCORE_DATA_MIRROR` to the empty string turns the mirror off (always download).
+    """
+    configured = os.environ.get("MSGCORE_DATA_MIRROR")
+    if configured is not None:
+        if not configured:
+            return None
+        if not Path(configured).is_dir():
+            raise DataError(f"MSGCORE_DATA_MIRROR={configured} is not a folder; point it at a copy of the data "
+                            f"(holding SHA256SUMS, multi30k/, ...) or unset it")
+        return Path(configured)
+    beside_repo = _REPO_ROOT.parent / "shared" / "data"
+    return beside_repo if (beside_repo / "SHA256SUMS").is_file() else None
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    """The hex sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def ensure(dataset: str, cache: str | os.PathLike | None = None,
+           mirror: str | os.PathLike | None = None) -> Path:
+    """Make sure every file of `dataset` is in the cache with the right sha256; return its folder.
+
+    `cache` defaults to `cache_dir()` and `mirror` to `mirror_dir()`. Raises `DataError` for an
+    unknown dataset, a checksum mismatch, or when a file is neither in the mirror nor downloadable.
+    """
+    if dataset not in MANIFEST:
+        raise DataError(f"unknown dataset {dataset!r}; known datasets: {', '.join(DATASETS)}")
+    cache = Path(cache) if cache is not None else cache_dir()
+    mirror = Path(mirror) if mirror is not None else mirror_dir()
+    for relpath, url in MANIFEST[dataset]:
+        _ensure_file(relpath, url, cache, mirror)
+    return cache / dataset
+
+
+def _ensure_file(relpath: str, url: str, cache: Path, mirror: Path | None) -> None:
+    """Bring one file into the cache, unless a verified copy is already there."""
+    target = cache / relpath
+    expected = SHA256[relpath]
+    if target.is_file():
+        if sha256_of(target) == expected:
+            return
+        logger.warning("%s in the cache has the wrong sha256; fetching it again", relpath)
+    if mirror is not None and (mirror / relpath).is_file():
+        logger.info("copying %s from %s", relpath, mirror)
+        with open(mirror / relpath, "rb") as source:
+            _write_verified(source, target, relpath, expected, origin=f"the mirror file {mirror / relpath}")
+        return
+    logger.info("downloading %s", url)
+    _download(url, target, relpath, expected, mirror)
+
+
+def _download(url: str, target: Path, relpath: str, expected: str, mirror: Path | None) -> None:
+    """Download `url` into `target`, verifying it; network failures become one clear DataError."""
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            _write_verified(response, target, relpath, expected, origin=url)
+    except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as error:
+        reason = getattr(error, "reason", error)
+        where = f"it is not in the mirror {mirror}" if mirror is not None else "no local mirror is set"
+        raise DataError(
+            f"cannot fetch {relpath}: {where} and downloading {url} failed ({reason}). Either set "
+            f"MSGCORE_DATA_MIRROR=/path/to/mirror (a folder holding {relpath}) or connect to the internet, "
+            f"then rerun `python data_scripts/download.py {relpath.split('/')[0]}`") from None
+
+
+def _write_verified(source: BinaryIO, target: Path, relpath: str, expected: str, origin: str) -> None:
+    """Copy `source` to `target` through a temporary file that is renamed only if its sha256 matches."""
+    digest = hashlib.sha256()
+    with atomic_write(target, "wb") as out:
+        while chunk := source.read(_CHUNK):
+            digest.update(chunk)
+            out.write(chunk)
+        if digest.hexdigest() != expected:
+            raise DataError(f"sha256 mismatch for {relpath}: expected {expected}, got {digest.hexdigest()} "
+                            f"(from {origin}); nothing was written to the cache. Delete or replace the bad "
+                            f"file / check the mirror (`sha256sum -c SHA256SUMS` there)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: fetch the named datasets (all by default) into the cache."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("datasets", nargs="*", metavar="DATASET", help=f"any of {', '.join(DATASETS)} (default: all)")
+    parser.add_argument("--mirror", help="folder holding a copy of the files (default: $MSGCORE_DATA_MIRROR "
+                                         "or ../shared/data beside the repository)")
+    parser.add_argument("--cache", help="where to put the verified files (default: $MSGCORE_DATA "
+                                        "or ~/.cache/msgcore/data)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        for dataset in args.datasets or DATASETS:
+            folder = ensure(dataset, cache=args.cache, mirror=args.mirror)
+            print(f"{dataset}: ok ({folder})")
+    except DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,146 @@
+"""Recipes the chapters run: data preparation, one training run, evaluation, at a named scale.
+
+The notebooks call these functions and then explain, tabulate and plot; a GPU user can run the
+same recipes as a script. Each scale is data, so a chapter's settings are readable in one place.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from msgcore.batching import EncodedCorpus, encode_corpus
+from msgcore.data import Corpus, load_multi30k, synthetic_corpus
+from msgcore.generation import GenerationConfig
+from msgcore.metrics import Score, corpus_score
+from msgcore.model import Transformer, TransformerConfig, preset
+from msgcore.tokenizer import Tokenizer
+from msgcore.trainer import Trainer, TrainConfig, translate_encoded
+from msgcore.utils import DataError, MsgcoreError
+
+
+@dataclass
+class Scale:
+    """Everything a scale changes for a translation run."""
+
+    preset: str  # model preset (msgcore.model.PRESETS)
+    model: dict  # overrides of the preset, e.g. dropout
+    train: TrainConfig  # optimisation and validation settings
+    vocab_size: int = 8000  # joint sentencepiece vocabulary
+    train_examples: int = 0  # use the first N training pairs (0 = all)
+    test_examples: int = 0  # evaluate on the first N test sentences (0 = all)
+    beam_size: int = 5  # test-time beam
+    max_len: int = 128  # truncate training sentences to this many pieces
+    notes: str = ""  # what a reader should know about this scale
+
+
+BASELINE_SCALES: dict[str, Scale] = {
+    "smoke": Scale("tiny", dict(dropout=0.1), TrainConfig(lr=1e-3, warmup_steps=50, max_tokens=2048,
+                   max_epochs=1, max_steps=60, valid_max_sentences=100, patience=0, log_every=10),
+                   vocab_size=2000, train_examples=3000, test_examples=100, beam_size=2,
+                   notes="CI only: checks that the chapter runs end to end; its numbers mean nothing."),
+    "small": Scale("tiny", dict(dropout=0.1), TrainConfig(lr=1e-3, warmup_steps=400, max_tokens=4096,
+                   max_epochs=4, valid_max_sentences=300, patience=0, log_every=50),
+                   vocab_size=8000, beam_size=5,
+                   notes="2 CPU cores: the `tiny` preset, 4 epochs per direction, about 12 minutes each."),
+    "full": Scale("small", dict(dropout=0.3), TrainConfig(lr=5e-4, warmup_steps=2000, max_tokens=8192,
+                  max_epochs=40, valid_max_sentences=0, patience=8, log_every=100),
+                  vocab_size=8000, beam_size=5,
+                  notes="One GPU; early stopping on dev BLEU."),
+}
+
+
+def get_scale(scales: dict[str, Scale], name: str) -> Scale:
+    if name not in scales:
+        raise MsgcoreError(f"unknown scale {name!r}; choose one of {', '.join(scales)}")
+    return scales[name]
+
+
+@dataclass
+class TranslationData:
+    """A direction's corpora, the joint tokenizer and the encoded splits."""
+
+    tokenizer: Tokenizer
+    corpora: dict[str, Corpus]  # split -> corpus
+    encoded: dict[str, EncodedCorpus] = field(default_factory=dict)  # split -> token ids
+    synthetic: bool = False  # True when the real data was unavailable and the toy corpus stood in
+
+
+def load_multi30k_splits(source: str, target: str, splits: tuple[str, ...]) -> dict[str, Corpus]:
+    return {split: load_multi30k(split, sources=(source,), target=target) for split in splits}
+
+
+def synthetic_splits(splits: tuple[str, ...], seed: int) -> dict[str, Corpus]:
+    """The offline fallback: the toy corpus under the same split names."""
+    sizes = {"train": 3000}
+    return {s: synthetic_corpus(sizes.get(s, 200), num_sources=1, seed=seed,
+                                split="train" if s == "train" else "val" if s == "val" else "test")
+            for s in splits}
+
+
+def prepare_translation(source: str, target: str, scale: Scale, seed: int = 0,
+                        splits=("train", "val", "test_2016_flickr", "test_2017_flickr"),
+                        tokenizer: Tokenizer | None = None, allow_synthetic: bool = False) -> TranslationData:
+    """Load Multi30k source->target, train (or reuse) a joint tokenizer, encode every split.
+
+    With `allow_synthetic`, a machine that has neither the data nor a mirror nor the network falls
+    back to the seeded toy corpus (smoke runs only), and says so.
+    """
+    try:
+        corpora, synthetic = load_multi30k_splits(source, target, splits), False
+    except DataError as error:
+        if not allow_synthetic or "MSGCORE_DATA_MIRROR" not in str(error):
+            raise
+        print(f"Multi30k is unavailable ({error}); using the synthetic corpus instead.")
+        corpora, synthetic = synthetic_splits(splits, seed), True
+    if scale.train_examples:
+        corpora["train"] = corpora["train"].subset(range(min(scale.train_examples, len(corpora["train"]))))
+    if tokenizer is None:
+        train = corpora["train"]
+        tokenizer = Tokenizer.train(train.texts(), vocab_size=scale.vocab_size, model_type="unigram",
+                                    langs=(*train.source_langs, train.target_lang), seed=seed)
+    data = TranslationData(tokenizer, corpora, synthetic=synthetic)
+    for split, corpus in corpora.items():
+        data.encoded[split] = encode_corpus(corpus, tokenizer, max_len=scale.max_len if split == "train" else None)
+    return data
+
+
+@dataclass
+class RunResult:
+    model: Transformer  # the best checkpoint's model, in eval mode
+    history: list[dict]  # the trainer's log rows
+    wall_time_s: float  # training wall time
+    out_dir: Path  # where log.json and the checkpoints are
+
+
+def train_translation(data: TranslationData, scale: Scale, device: torch.device, out_dir: str | Path,
+                      seed: int = 0, progress: bool = False) -> RunResult:
+    """Build the scale's model, train it, and reload the best checkpoint (by dev BLEU)."""
+    torch.manual_seed(seed)
+    cfg: TransformerConfig = preset(scale.preset, vocab_size=data.tokenizer.vocab_size,
+                                    pad_id=data.tokenizer.pad_id, **scale.model)
+    model = Transformer(cfg)
+    train_cfg = replace(scale.train, seed=seed, progress=progress)
+    trainer = Trainer(model, data.tokenizer, data.encoded["train"], data.encoded["val"],
+                      data.corpora["val"].target, train_cfg, device, out_dir)
+    start = time.perf_counter()
+    history = trainer.train()
+    wall = time.perf_counter() - start
+    trainer.resume(Path(out_dir) / "best.pt")
+    return RunResult(trainer.model.eval(), history, wall, Path(out_dir))
+
+
+def evaluate(model, data: TranslationData, split: str, scale: Scale, device: torch.device,
+             amp_dtype=None) -> tuple[list[str], dict[str, Score]]:
+    """Beam-search the split, then BLEU and chrF (cased, detokenized) and the lowercased-13a BLEU."""
+    encoded, refs = data.encoded[split], data.corpora[split].target
+    limit = scale.test_examples or len(refs)
+    hyps = translate_encoded(model, data.tokenizer, encoded, device, GenerationConfig(beam_size=scale.beam_size),
+                             limit=limit, amp_dtype=amp_dtype)
+    refs = refs[:limit]
+    scores = {"BLEU": corpus_score("bleu", hyps, refs, n_bootstrap=1000),
+              "chrF": corpus_score("chrf", hyps, refs, n_bootstrap=1000),
+              "BLEU (lowercased)": corpus_score("bleu", hyps, refs, lowercase=True)}
+    return hyps, scores

@@ -1,0 +1,155 @@
+"""Greedy and beam search, batched, with incremental decoding over the explicit KV cache.
+
+Beam search follows the usual NMT recipe (Wu et al. 2016; fairseq's `SequenceGenerator`):
+    * each step expands every live hypothesis and keeps the 2k best candidates per sentence;
+    * a candidate ending in </s> that ranks within the top k is finished, scored
+      log p(y) / |y|^alpha (|y| counts </s>; alpha = `len_penalty`);
+    * the other top-k candidates live on; a sentence is done once it has k finished hypotheses.
+Both searches work for any model with `encode(sources, masks)` and `decode(tokens, memory, cache,
+start_pos)`, so single- and multi-source models share them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from msgcore.layers import EncoderOut
+
+
+@dataclass
+class GenerationConfig:
+    beam_size: int = 5  # 1 = greedy search
+    max_len_a: float = 1.2  # the hypothesis may be up to a * (longest source length) + b tokens long
+    max_len_b: int = 10
+    min_len: int = 1  # </s> is forbidden before this many tokens
+    len_penalty: float = 1.0  # alpha in score / |y|^alpha
+    no_repeat_ngram: int = 0  # forbid repeating any n-gram of this size (0 = off)
+
+
+def max_lengths(source_masks: list[Tensor], cfg: GenerationConfig) -> Tensor:
+    """(B,) longest allowed output, counting </s>: a * max_k |x_k| + b."""
+    source_len = torch.stack([m.sum(1) for m in source_masks]).amax(0)  # (B,)
+    return (cfg.max_len_a * source_len.float() + cfg.max_len_b).long().clamp(min=cfg.min_len + 1)
+
+
+def banned_ngram_tokens(tokens: Tensor, n: int) -> Tensor:
+    """(N, L) histories -> bool (N, L-n+1) matches and the (N, L-n+1) tokens they would repeat.
+
+    Token w is banned for row i if (last n-1 tokens of row i) + w already occurs in row i.
+    """
+    ngrams = tokens.unfold(1, n, 1)  # (N, L-n+1, n)
+    last = tokens[:, tokens.size(1) - (n - 1):]  # (N, n-1)
+    matches = (ngrams[:, :, :-1] == last.unsqueeze(1)).all(-1)  # (N, L-n+1)
+    return matches, ngrams[:, :, -1]
+
+
+def apply_constraints(logp: Tensor, tokens: Tensor, step: int, max_len: Tensor, eos_id: int,
+                      forbidden: list[int], cfg: GenerationConfig) -> Tensor:
+    """Mask log-probs (N, V) for min/max length, special tokens and n-gram repeats."""
+    eos_logp = logp[:, eos_id].clone()
+    logp[:, forbidden] = float("-inf")
+    if step + 1 < cfg.min_len:
+        logp[:, eos_id] = float("-inf")
+    if cfg.no_repeat_ngram > 0 and tokens.size(1) >= cfg.no_repeat_ngram:
+        matches, banned = banned_ngram_tokens(tokens, cfg.no_repeat_ngram)
+        rows = torch.arange(tokens.size(0), device=tokens.device).unsqueeze(1).expand_as(banned)
+        logp[rows[matches], banned[matches]] = float("-inf")
+    at_limit = step + 1 >= max_len  # (N,) the next token must be </s>
+    logp[at_limit] = float("-inf")
+    logp[at_limit, eos_id] = eos_logp[at_limit]  # keep its real log-prob so scores stay comparable
+    return logp
+
+
+def step_log_probs(model, tokens: Tensor, memory: list[EncoderOut], cache, step: int) -> tuple[Tensor, list]:
+    """Feed the last token of each row; return next-token log-probs (N, V) in fp32 and the new cache."""
+    out = model.decode(tokens[:, -1:], memory, cache, start_pos=step)
+    return torch.log_softmax(out.logits[:, -1].float(), dim=-1), out.cache
+
+
+@torch.no_grad()
+def greedy_search(model, sources: list[Tensor], source_masks: list[Tensor], prefix_id: int, eos_id: int,
+                  cfg: GenerationConfig, forbidden: list[int] = ()) -> list[list[int]]:
+    """Pick the most probable token at each step. Returns token ids without prefix and </s>."""
+    memory = model.encode(sources, source_masks)
+    B, device = sources[0].size(0), sources[0].device
+    max_len = max_lengths(source_masks, cfg)
+    tokens = torch.full((B, 1), prefix_id, dtype=torch.long, device=device)  # (B, 1)
+    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    cache = None
+    for step in range(int(max_len.max())):
+        logp, cache = step_log_probs(model, tokens, memory, cache, step)
+        logp = apply_constraints(logp, tokens, step, max_len, eos_id, list(forbidden), cfg)
+        next_token = logp.argmax(-1).masked_fill(finished, eos_id)  # (B,)
+        tokens = torch.cat([tokens, next_token.unsqueeze(1)], dim=1)
+        finished |= next_token == eos_id
+        if finished.all():
+            break
+    return [strip(row, eos_id) for row in tokens[:, 1:].tolist()]
+
+
+def strip(ids: list[int], eos_id: int) -> list[int]:
+    """Cut a hypothesis at its first </s>."""
+    return ids[: ids.index(eos_id)] if eos_id in ids else ids
+
+
+@torch.no_grad()
+def beam_search(model, sources: list[Tensor], source_masks: list[Tensor], prefix_id: int, eos_id: int,
+                cfg: GenerationConfig, forbidden: list[int] = ()) -> list[list[int]]:
+    """Batched beam search; returns the best finished hypothesis per sentence."""
+    B, k, device = sources[0].size(0), cfg.beam_size, sources[0].device
+    beam_rows = torch.arange(B, device=device).repeat_interleave(k)  # (B*k,) sentence of each row
+    memory = [m.index_select(beam_rows) for m in model.encode(sources, source_masks)]
+    max_len = max_lengths(source_masks, cfg).repeat_interleave(k)  # (B*k,)
+    tokens = torch.full((B * k, 1), prefix_id, dtype=torch.long, device=device)
+    scores = torch.full((B, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # all beams start identical: keep one alive so candidates are distinct
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
+    cache = None
+    for step in range(int(max_len.max())):
+        logp, cache = step_log_probs(model, tokens, memory, cache, step)
+        logp = apply_constraints(logp, tokens, step, max_len, eos_id, list(forbidden), cfg)
+        V = logp.size(-1)
+        candidates = (scores.view(-1, 1) + logp).view(B, k * V)  # (B, k*V)
+        cand_scores, cand_index = candidates.topk(2 * k, dim=1)  # (B, 2k)
+        cand_beam, cand_token = cand_index // V, cand_index % V
+        is_eos = (cand_token == eos_id) & torch.isfinite(cand_scores)
+        finish_hypotheses(finished, tokens, cand_scores, cand_beam, is_eos, step, k, cfg.len_penalty)
+        if all(len(f) >= k for f in finished):
+            break
+        scores, beam, token = next_beams(cand_scores, cand_beam, cand_token, is_eos, k)
+        rows = (torch.arange(B, device=device).unsqueeze(1) * k + beam).view(-1)  # (B*k,)
+        tokens = torch.cat([tokens[rows], token.view(-1, 1)], dim=1)
+        cache = [layer.index_select(rows, reorder_cross=False) for layer in cache]
+    return [max(f)[1] if f else [] for f in finished]
+
+
+def finish_hypotheses(finished, tokens: Tensor, cand_scores: Tensor, cand_beam: Tensor, is_eos: Tensor,
+                      step: int, k: int, len_penalty: float) -> None:
+    """Move </s> candidates ranked within the top k into each sentence's finished list."""
+    top_k = torch.zeros_like(is_eos)
+    top_k[:, :k] = True
+    for b, rank in (is_eos & top_k).nonzero().tolist():
+        if len(finished[b]) >= k:
+            continue  # this sentence is done; its remaining beams are ignored
+        hypothesis = tokens[b * k + cand_beam[b, rank], 1:].tolist()
+        score = cand_scores[b, rank].item() / (step + 1) ** len_penalty
+        finished[b].append((score, hypothesis))
+
+
+def next_beams(cand_scores: Tensor, cand_beam: Tensor, cand_token: Tensor, is_eos: Tensor,
+               k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The k best candidates that do not end in </s>: (scores, source beam, token), each (B, k)."""
+    live_scores = cand_scores.masked_fill(is_eos, float("-inf"))
+    scores, order = live_scores.topk(k, dim=1)  # (B, k)
+    return scores, cand_beam.gather(1, order), cand_token.gather(1, order)
+
+
+def generate(model, sources: list[Tensor], source_masks: list[Tensor], prefix_id: int, eos_id: int,
+             cfg: GenerationConfig | None = None, forbidden: list[int] = ()) -> list[list[int]]:
+    """Greedy search when beam_size == 1, else beam search. Puts the model in eval mode."""
+    cfg = cfg or GenerationConfig()
+    model.eval()
+    search = greedy_search if cfg.beam_size == 1 else beam_search
+    return search(model, sources, source_masks, prefix_id, eos_id, cfg, forbidden)

@@ -1,0 +1,7 @@
+"""One small file per paper, each built on the shared core (attention, layers, model, generation).
+
+MODELS maps the class names stored in checkpoints to classes, so `load_model` can rebuild them.
+"""
+from msgcore.model import Transformer
+
+MODELS = {"Transformer": Transformer}

@@ -1,0 +1,301 @@
+"""Training: Adam with inverse-sqrt warmup, label smoothing, clipping, accumulation, validation, checkpoints.
+
+Vaswani et al. 2017, §5.3 (Adam, beta2 = 0.98, warmup) and §5.4 (label smoothing 0.1).
+# Deviation: the schedule is fairseq's `inverse_sqrt` (linear warmup to a peak `lr`, then
+# lr * sqrt(warmup / step)) rather than the paper's d_model^-0.5 form; both decay as step^-0.5,
+# and a peak lr is easier to read and tune.
+
+A checkpoint holds the model, optimizer, scheduler, every RNG state and the data position (epoch
+and batch), written atomically; `Trainer.resume` continues exactly where the run stopped.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.optim.lr_scheduler import LambdaLR
+from tqdm import tqdm
+
+from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batches
+from msgcore.generation import GenerationConfig, generate
+from msgcore.metrics import corpus_score
+from msgcore.model import TransformerConfig
+from msgcore.tokenizer import Tokenizer
+from msgcore.utils import CheckpointError, TrainingError, atomic_write
+
+CHECKPOINT_KEYS = ("model", "model_class", "model_config", "optimizer", "scheduler", "rng", "state",
+                   "train_config")
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 5e-4  # peak learning rate, reached at the end of warmup
+    warmup_steps: int = 1000  # linear warmup, then inverse square-root decay
+    betas: tuple[float, float] = (0.9, 0.98)  # Adam betas (§5.3)
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    label_smoothing: float = 0.1  # epsilon_ls (§5.4)
+    clip_norm: float = 1.0  # max gradient L2 norm (0 = no clipping)
+    max_tokens: int = 4096  # batch budget: batch size * longest example <= max_tokens
+    update_freq: int = 1  # gradient accumulation: batches per optimizer step
+    max_epochs: int = 10  # stop after this many epochs
+    max_steps: int = 0  # stop after this many optimizer steps (0 = no limit)
+    validate_every: int = 0  # validate every N steps (0 = at the end of each epoch)
+    patience: int = 5  # early stopping: validations without a dev BLEU improvement
+    valid_beam: int = 1  # beam size for dev BLEU (1 = greedy, fast)
+    valid_max_sentences: int = 0  # score dev BLEU on the first N sentences (0 = all)
+    amp: str = "auto"  # "bf16", "fp32", or "auto" (bf16 on CUDA, fp32 on CPU)
+    seed: int = 0  # seeds initialisation-independent randomness: batches and dropout
+    log_every: int = 50  # steps between training-loss log rows
+    progress: bool = True  # tqdm progress bar
+
+
+@dataclass
+class TrainState:
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0  # current epoch (0-based)
+    batch_in_epoch: int = 0  # batches of the current epoch already consumed
+    best_bleu: float = -1.0  # best dev BLEU so far
+    bad_validations: int = 0  # validations since the best one
+    history: list = field(default_factory=list)  # log rows: {"kind": "train"|"valid", ...}
+
+
+def inverse_sqrt(warmup_steps: int):
+    """LR multiplier: linear warmup over `warmup_steps`, then sqrt(warmup / step)."""
+    def factor(step: int) -> float:
+        step = step + 1
+        return min(step / warmup_steps, math.sqrt(warmup_steps / step))
+    return factor
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
+    """Read a checkpoint, refusing missing, truncated or foreign files with one clear line."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=False)
+    except Exception as error:  # torch raises several types for a damaged zip/pickle
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({type(error).__name__})") from None
+    missing = [k for k in CHECKPOINT_KEYS if not isinstance(checkpoint, dict) or k not in checkpoint]
+    if missing:
+        raise CheckpointError(f"{path} is not a msgcore checkpoint (missing {', '.join(missing)})")
+    return checkpoint
+
+
+class Trainer:
+    """Trains `model` on `train_data`; validates dev BLEU on `valid_data` against `valid_refs`."""
+
+    def __init__(self, model, tokenizer, train_data: EncodedCorpus, valid_data: EncodedCorpus | None,
+                 valid_refs: list[str] | None, cfg: TrainConfig, device: torch.device, out_dir: str | Path):
+        self.model, self.tokenizer, self.cfg, self.device = model.to(device), tokenizer, cfg, device
+        self.train_data, self.valid_data, self.valid_refs = train_data, valid_data, valid_refs
+        self.out_dir = Path(out_dir)
+        self.lengths = example_lengths(train_data)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=1e-8,
+                                           weight_decay=cfg.weight_decay, fused=device.type == "cuda")
+        self.scheduler = LambdaLR(self.optimizer, inverse_sqrt(cfg.warmup_steps))
+        self.state = TrainState()
+        self.amp_dtype = self.resolve_amp(cfg.amp, device)
+
+    @staticmethod
+    def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
+        if amp not in ("auto", "bf16", "fp32"):
+            raise TrainingError(f"unknown amp {amp!r}; use 'auto', 'bf16' or 'fp32'")
+        if amp == "bf16" or (amp == "auto" and device.type == "cuda"):
+            return torch.bfloat16
+        return None
+
+    # ---- one optimizer step -------------------------------------------------------------
+    def loss_sum(self, batch) -> torch.Tensor:
+        """Summed label-smoothed cross-entropy over the real target tokens of one batch."""
+        with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
+                            enabled=self.amp_dtype is not None):
+            logits = self.model(batch)  # (B, T, V)
+        return F.cross_entropy(logits.float().flatten(0, 1), batch.target_out.flatten(),
+                               ignore_index=self.model.cfg.pad_id, reduction="sum",
+                               label_smoothing=self.cfg.label_smoothing)
+
+    def train_step(self, batches: list) -> float:
+        """One update over `update_freq` batches; the loss is averaged over all their target tokens."""
+        self.model.train()
+        n_tokens = sum(b.num_target_tokens for b in batches)
+        total = 0.0
+        for batch in batches:
+            loss = self.loss_sum(batch) / n_tokens
+            if not torch.isfinite(loss):
+                raise TrainingError(f"loss is {loss.item()} at step {self.state.step + 1} "
+                                    f"(epoch {self.state.epoch + 1}); lower the learning rate or check the data")
+            loss.backward()
+            total += loss.item()
+        if self.cfg.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.step += 1
+        return total
+
+    # ---- the loop ----------------------------------------------------------------------
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        return token_batches(self.lengths, self.cfg.max_tokens, shuffle=True, seed=self.cfg.seed, epoch=epoch)
+
+    def done(self) -> bool:
+        cfg, state = self.cfg, self.state
+        return (state.epoch >= cfg.max_epochs or (cfg.max_steps and state.step >= cfg.max_steps)
+                or (cfg.patience and state.bad_validations >= cfg.patience))
+
+    def train(self) -> list[dict]:
+        """Run until max_epochs, max_steps or early stopping; returns the log history."""
+        if self.state.step == 0:  # a fresh run; a resumed one restored its RNG states instead
+            torch.manual_seed(self.cfg.seed)
+        while not self.done():
+            self.run_epoch()
+        self.save_log()
+        return self.state.history
+
+    def run_epoch(self) -> None:
+        state, cfg = self.state, self.cfg
+        batches = self.epoch_batches(state.epoch)
+        bar = tqdm(total=len(batches), initial=state.batch_in_epoch, desc=f"epoch {state.epoch + 1}",
+                   disable=not cfg.progress, leave=False, mininterval=10)
+        window = {"loss": 0.0, "tokens": 0, "start": time.perf_counter()}
+        while state.batch_in_epoch < len(batches) and not self.done():
+            group = batches[state.batch_in_epoch: state.batch_in_epoch + cfg.update_freq]
+            batch_group = [collate(self.train_data, idx).to(self.device) for idx in group]
+            loss = self.train_step(batch_group)
+            state.batch_in_epoch += len(group)
+            bar.update(len(group))
+            self.log_train(window, loss, sum(b.num_target_tokens for b in batch_group))
+            if cfg.validate_every and state.step % cfg.validate_every == 0:
+                self.validate()
+        bar.close()
+        if state.batch_in_epoch >= len(batches):
+            state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+            if not cfg.validate_every:
+                self.validate()
+
+    def log_train(self, window: dict, loss: float, tokens: int) -> None:
+        window["loss"] += loss * tokens
+        window["tokens"] += tokens
+        if self.state.step % self.cfg.log_every:
+            return
+        elapsed = time.perf_counter() - window["start"]
+        self.state.history.append({"kind": "train", "step": self.state.step, "epoch": self.state.epoch + 1,
+                                   "loss": window["loss"] / window["tokens"], "lr": self.scheduler.get_last_lr()[0],
+                                   "tokens_per_s": window["tokens"] / elapsed})
+        window.update(loss=0.0, tokens=0, start=time.perf_counter())
+
+    # ---- validation ----------------------------------------------------------------------
+    @torch.no_grad()
+    def valid_loss(self) -> float:
+        self.model.eval()
+        total, n_tokens = 0.0, 0
+        lengths = example_lengths(self.valid_data)
+        for idx in token_batches(lengths, self.cfg.max_tokens, shuffle=False):
+            batch = collate(self.valid_data, idx).to(self.device)
+            total += self.loss_sum(batch).item()
+            n_tokens += batch.num_target_tokens
+        return total / n_tokens
+
+    def validate(self) -> None:
+        """Dev loss and BLEU; keep the best checkpoint; count validations without improvement."""
+        if self.valid_data is None:
+            self.save_checkpoint(self.out_dir / "last.pt")
+            return
+        limit = self.cfg.valid_max_sentences or len(self.valid_data)
+        hypotheses = translate_encoded(self.model, self.tokenizer, self.valid_data, self.device,
+                                       GenerationConfig(beam_size=self.cfg.valid_beam), limit=limit,
+                                       amp_dtype=self.amp_dtype)
+        bleu = corpus_score("bleu", hypotheses, self.valid_refs[:limit]).score
+        state = self.state
+        state.history.append({"kind": "valid", "step": state.step, "epoch": state.epoch,
+                              "valid_loss": self.valid_loss(), "valid_bleu": bleu})
+        improved = bleu > state.best_bleu
+        state.best_bleu, state.bad_validations = (bleu, 0) if improved else (state.best_bleu,
+                                                                             state.bad_validations + 1)
+        self.save_checkpoint(self.out_dir / "last.pt")
+        if improved:
+            self.save_checkpoint(self.out_dir / "best.pt")
+        self.save_log()
+
+    def save_log(self) -> None:
+        with atomic_write(self.out_dir / "log.json") as f:
+            json.dump(self.state.history, f, indent=1)
+
+    # ---- checkpoints ---------------------------------------------------------------------
+    def save_checkpoint(self, path: str | Path) -> None:
+        checkpoint = {
+            "model": self.model.state_dict(), "model_class": type(self.model).__name__,
+            "model_config": self.model.cfg.to_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "state": asdict(self.state),
+            "train_config": asdict(self.cfg),
+            "tokenizer": self.tokenizer.to_bytes() if self.tokenizer is not None else None,
+        }
+        with atomic_write(path, "wb") as f:
+            torch.save(checkpoint, f)
+
+    def resume(self, path: str | Path) -> None:
+        """Restore model, optimizer, scheduler, RNG and data position from `path`."""
+        checkpoint = load_checkpoint(path)
+        if checkpoint["model_class"] != type(self.model).__name__:
+            raise CheckpointError(f"{path} holds a {checkpoint['model_class']}, not a {type(self.model).__name__}")
+        try:
+            self.model.load_state_dict(checkpoint["model"])
+        except RuntimeError as error:
+            raise CheckpointError(f"{path} does not fit this model: {str(error).splitlines()[0]}") from None
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        self.scheduler.load_state_dict(checkpoint["scheduler"])
+        self.state = TrainState(**checkpoint["state"])
+        set_rng_state(checkpoint["rng"])
+
+
+@torch.no_grad()
+def translate_encoded(model, tokenizer, data: EncodedCorpus, device: torch.device, cfg: GenerationConfig,
+                      limit: int = 0, max_tokens: int = 6000, amp_dtype=None) -> list[str]:
+    """Decode the sources of `data` (in corpus order) to detokenized strings."""
+    n = min(limit or len(data), len(data))
+    subset_lengths = example_lengths(data)[:n]
+    hypotheses: list[str] = [""] * n
+    forbidden = [tokenizer.pad_id, tokenizer.bos_id]
+    for idx in token_batches(subset_lengths, max_tokens // max(1, cfg.beam_size), shuffle=False):
+        batch = collate(data, idx).to(device)
+        with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+            ids = generate(model, batch.sources, batch.source_masks, data.target_prefix,
+                           tokenizer.eos_id, cfg, forbidden)
+        for i, hyp in zip(idx, ids):
+            hypotheses[i] = tokenizer.decode(hyp)
+    return hypotheses
+
+
+def load_model(path, device: torch.device | str = "cpu"):
+    """Rebuild the model and tokenizer stored in a checkpoint, in eval mode on `device`."""
+    from msgcore.models import MODELS  # the registry imports every paper's model: import it late
+
+    checkpoint = load_checkpoint(path)
+    if checkpoint["model_class"] not in MODELS or checkpoint.get("tokenizer") is None:
+        raise CheckpointError(f"{path}: cannot rebuild a {checkpoint['model_class']} (unknown class or no tokenizer)")
+    model = MODELS[checkpoint["model_class"]](TransformerConfig(**checkpoint["model_config"]))
+    model.load_state_dict(checkpoint["model"])
+    return model.to(device).eval(), Tokenizer.from_bytes(checkpoint["tokenizer"])

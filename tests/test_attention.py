@@ -1,0 +1,103 @@
+"""The attention module: SDPA == math path, masking, the KV cache, and parity with torch.nn."""
+import torch
+
+from msgcore.attention import MultiHeadAttention, attention_math, causal_mask
+
+
+def make_attention(d=32, h=4):
+    return MultiHeadAttention(d, h).eval()
+
+
+def test_sdpa_equals_math_path_with_padding_mask():
+    attn = make_attention()
+    x, memory = torch.randn(3, 5, 32), torch.randn(3, 7, 32)
+    mask = torch.ones(3, 1, 1, 7, dtype=torch.bool)
+    mask[0, ..., 4:] = False
+    fast, _, none = attn(x, memory, mask)
+    slow, _, weights = attn(x, memory, mask, need_weights=True)
+    assert none is None
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+    assert weights.shape == (3, 4, 5, 7)
+    assert torch.all(weights[0, ..., 4:] == 0)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(3, 4, 5))
+
+
+def test_sdpa_equals_math_path_causal():
+    attn = make_attention()
+    x = torch.randn(2, 6, 32)
+    fast, _, _ = attn(x, causal=True)
+    slow, _, weights = attn(x, causal=True, need_weights=True)
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+    assert torch.all(weights.triu(1) == 0)
+
+
+def test_causal_output_ignores_future_tokens():
+    attn = make_attention()
+    x = torch.randn(1, 6, 32)
+    changed = x.clone()
+    changed[:, 4:] = torch.randn(1, 2, 32)
+    out, _, _ = attn(x, causal=True)
+    out2, _, _ = attn(changed, causal=True)
+    torch.testing.assert_close(out[:, :4], out2[:, :4])
+    assert not torch.allclose(out[:, 4:], out2[:, 4:])
+
+
+def test_padded_keys_do_not_change_outputs():
+    attn = make_attention()
+    x, memory = torch.randn(1, 3, 32), torch.randn(1, 5, 32)
+    mask = torch.tensor([True, True, True, False, False])[None, None, None, :]
+    out, _, _ = attn(x, memory, mask)
+    memory2 = memory.clone()
+    memory2[:, 3:] = 100 * torch.randn(1, 2, 32)
+    out2, _, _ = attn(x, memory2, mask)
+    torch.testing.assert_close(out, out2)
+
+
+def test_incremental_self_attention_equals_full():
+    attn = make_attention()
+    x = torch.randn(2, 5, 32)
+    full, _, _ = attn(x, causal=True)
+    cache, steps = None, []
+    for t in range(5):
+        out, cache, _ = attn(x[:, t:t + 1], cache=cache, causal=True)
+        steps.append(out)
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+    assert cache[0].shape == (2, 4, 5, 8)
+
+
+def test_cross_attention_cache_is_reused_not_recomputed():
+    attn = make_attention()
+    x, memory = torch.randn(2, 1, 32), torch.randn(2, 7, 32)
+    out, cache, _ = attn(x, memory)
+    out2, cache2, _ = attn(x, memory * 0, cache=cache)  # the cache wins over `memory`
+    assert cache2[0] is cache[0]
+    torch.testing.assert_close(out, out2)
+
+
+def test_causal_mask_with_cached_prefix():
+    assert causal_mask(2, 4, torch.device("cpu")).tolist() == [[True, True, True, False], [True, True, True, True]]
+
+
+def test_matches_torch_multihead_attention():
+    ours = make_attention(16, 2)
+    theirs = torch.nn.MultiheadAttention(16, 2, batch_first=True).eval()
+    with torch.no_grad():
+        q, k, v = theirs.in_proj_weight.chunk(3)
+        bq, bk, bv = theirs.in_proj_bias.chunk(3)
+        for proj, w, b in ((ours.q_proj, q, bq), (ours.k_proj, k, bk), (ours.v_proj, v, bv)):
+            proj.weight.copy_(w)
+            proj.bias.copy_(b)
+        ours.out_proj.weight.copy_(theirs.out_proj.weight)
+        ours.out_proj.bias.copy_(theirs.out_proj.bias)
+    x, memory = torch.randn(2, 3, 16), torch.randn(2, 4, 16)
+    pad = torch.tensor([[False, False, True, True], [False] * 4])  # torch: True = ignore
+    expected, _ = theirs(x, memory, memory, key_padding_mask=pad)
+    got, _, _ = ours(x, memory, (~pad)[:, None, None, :])
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_math_weights_rows_sum_to_one():
+    q, k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
+    out, weights = attention_math(q, k, v)
+    assert out.shape == (1, 2, 3, 4)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 2, 3))

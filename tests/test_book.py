@@ -1,0 +1,131 @@
+"""Tests of the book runner (msgcore.book) on tiny temporary books; the kernel tests take a few seconds each."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from msgcore import book
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+TOC = """\
+format: jb-book
+root: book/intro
+parts:
+  - caption: Part one
+    chapters:
+      - file: book/ch_a
+        sections:
+          - file: book/ch_b
+      - file: book/notes
+      - file: book/missing
+"""
+
+
+def write_notebook(path: Path, body: str) -> None:
+    """A chapter-like notebook: a `parameters` cell, then `body`."""
+    nb = new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                               "language": "python"}})
+    nb.cells = [new_markdown_cell(f"# {path.stem}"),
+                new_code_cell('scale = "small"\ndevice = "auto"\nseed = 0',
+                              metadata={"tags": ["parameters", "remove-cell"]}),
+                new_code_cell(body)]
+    nbformat.write(nb, path)
+
+
+@pytest.fixture
+def tiny_book(tmp_path: Path) -> Path:
+    """A book with two notebook chapters (ch_a, ch_b), a markdown page and a TOC entry with no file."""
+    (tmp_path / "book").mkdir()
+    (tmp_path / "_toc.yml").write_text(TOC)
+    (tmp_path / "_config.yml").write_text("title: tiny\n")
+    (tmp_path / "book" / "intro.md").write_text("# Intro\n")
+    (tmp_path / "book" / "notes.md").write_text("# Notes\n")
+    write_notebook(tmp_path / "book" / "ch_a.ipynb", 'print(f"scale={scale} seed={seed}")')
+    write_notebook(tmp_path / "book" / "ch_b.ipynb", "print(seed + 1)")
+    return tmp_path
+
+
+def outputs_text(path: Path) -> str:
+    nb = nbformat.read(path, as_version=4)
+    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+def test_find_chapters_follows_the_toc(tiny_book: Path) -> None:
+    chapters = book.find_chapters(tiny_book)
+    assert list(chapters) == ["ch_a", "ch_b"]  # TOC order; .md pages and missing files are skipped
+    assert chapters["ch_b"] == tiny_book / "book" / "ch_b.ipynb"
+
+
+def test_repo_toc_lists_chapter_zero() -> None:
+    assert "ch00_transformer_baseline" in book.find_chapters(REPO_ROOT)
+
+
+def test_select_chapters_accepts_paths_and_keeps_toc_order(tiny_book: Path) -> None:
+    chapters = book.find_chapters(tiny_book)
+    assert list(book.select_chapters(chapters, ["book/ch_b.ipynb", "ch_a"])) == ["ch_a", "ch_b"]
+    assert list(book.select_chapters(chapters, None)) == ["ch_a", "ch_b"]
+
+
+def test_unknown_chapter_is_a_one_line_error(tiny_book: Path, capsys: pytest.CaptureFixture) -> None:
+    code = book.main(["run", "--root", str(tiny_book), "--scale", "small", "--chapter", "ch_zz",
+                      "--out", str(tiny_book / "runs" / "x")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and "ch_zz" in err and "ch_a, ch_b" in err
+    assert not (tiny_book / "runs").exists()
+
+
+def test_in_place_is_refused_at_smoke_scale(tiny_book: Path, capsys: pytest.CaptureFixture) -> None:
+    code = book.main(["run", "--root", str(tiny_book), "--scale", "smoke", "--in-place"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and "--in-place" in err and "smoke" in err
+    assert not (tiny_book / "runs").exists()
+
+
+def test_out_may_not_be_the_book_root(tiny_book: Path) -> None:
+    with pytest.raises(book.BookError, match="book root"):
+        book.run_book(tiny_book, scale="smoke", out=tiny_book)
+
+
+def test_run_dir_gets_the_outputs_and_committed_notebooks_stay_byte_identical(tiny_book: Path) -> None:
+    committed = tiny_book / "book" / "ch_a.ipynb"
+    before = committed.read_bytes()
+    report = book.run_book(tiny_book, ["ch_a"], "smoke", out=tiny_book / "runs" / "t", seed=7)
+
+    assert report.ok and [r.status for r in report.results] == ["ok"]
+    assert committed.read_bytes() == before
+    executed = report.run_dir / "book" / "ch_a.ipynb"
+    assert "scale=smoke seed=7" in outputs_text(executed)
+    assert (report.run_dir / "_toc.yml").is_file() and (report.run_dir / "book" / "intro.md").is_file()
+    cells = nbformat.read(executed, as_version=4).cells
+    injected = [c for c in cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert len(injected) == 1 and "remove-cell" in injected[0].metadata.tags
+
+
+def test_in_place_replaces_the_committed_notebook(tiny_book: Path) -> None:
+    committed = tiny_book / "book" / "ch_b.ipynb"
+    report = book.run_book(tiny_book, ["ch_b"], "small", out=tiny_book / "runs" / "t", in_place=True, seed=41)
+    assert report.ok
+    assert "42" in outputs_text(committed)
+    assert committed.read_bytes() == (report.run_dir / "book" / "ch_b.ipynb").read_bytes()
+
+
+def test_failing_cell_stops_the_run_and_keeps_the_committed_notebook(
+        tiny_book: Path, capsys: pytest.CaptureFixture) -> None:
+    committed = tiny_book / "book" / "ch_a.ipynb"
+    write_notebook(committed, 'raise ValueError("boom")')
+    before = committed.read_bytes()
+    report = book.run_book(tiny_book, None, "small", out=tiny_book / "runs" / "t", in_place=True)
+
+    assert not report.ok
+    assert [(r.chapter, r.status) for r in report.results] == [("ch_a", "FAILED"), ("ch_b", "not run")]
+    assert "ValueError: boom" in report.results[0].error
+    assert committed.read_bytes() == before
+    out = capsys.readouterr().out
+    summary = out[out.index("chapter "):]
+    assert "ch_a" in summary and "FAILED" in summary and "not run" in summary
