@@ -41,7 +41,7 @@ BASELINE_SCALES: dict[str, Scale] = {
                    max_epochs=1, max_steps=60, valid_max_sentences=100, patience=0, log_every=10),
                    vocab_size=2000, train_examples=3000, test_examples=100, beam_size=2,
                    notes="CI only: checks that the chapter runs end to end; its numbers mean nothing."),
-    "small": Scale("tiny", dict(dropout=0.1), TrainConfig(lr=1e-3, warmup_steps=400, max_tokens=4096,
+    "small": Scale("tiny", dict(dropout=0.1), TrainConfig(lr=1e-3, warmup_steps=300, max_tokens=1536,
                    max_epochs=4, valid_max_sentences=300, patience=0, log_every=50),
                    vocab_size=8000, beam_size=5,
                    notes="2 CPU cores: the `tiny` preset, 4 epochs per direction, about 12 minutes each."),

@@ -172,6 +172,7 @@ class Trainer:
             torch.manual_seed(self.cfg.seed)
         while not self.done():
             self.run_epoch()
+        self.save_checkpoint(self.out_dir / "last.pt")
         self.save_log()
         return self.state.history
 
@@ -222,8 +223,7 @@ class Trainer:
     def validate(self) -> None:
         """Dev loss and BLEU; keep the best checkpoint; count validations without improvement."""
         if self.valid_data is None:
-            self.save_checkpoint(self.out_dir / "last.pt")
-            return
+            return  # nothing to validate on; train() saves last.pt when it ends
         limit = self.cfg.valid_max_sentences or len(self.valid_data)
         hypotheses = translate_encoded(self.model, self.tokenizer, self.valid_data, self.device,
                                        GenerationConfig(beam_size=self.cfg.valid_beam), limit=limit,

@@ -1,0 +1,128 @@
+"""Training: overfitting a tiny set, exact resume, NaN detection, checkpoint errors, the LR schedule."""
+from dataclasses import replace
+
+import pytest
+import torch
+
+from msgcore.batching import encode_corpus
+from msgcore.data import synthetic_corpus
+from msgcore.generation import GenerationConfig
+from msgcore.metrics import corpus_score
+from msgcore.model import Transformer, preset
+from msgcore.tokenizer import Tokenizer
+from msgcore.trainer import Trainer, TrainConfig, inverse_sqrt, load_checkpoint, load_model, translate_encoded
+from msgcore.utils import CheckpointError, TrainingError
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    corpus = synthetic_corpus(32, num_sources=1, seed=3)
+    tokenizer = Tokenizer.train(corpus.texts(), vocab_size=60, cache_dir=tmp_path_factory.mktemp("tok"))
+    return corpus, tokenizer, encode_corpus(corpus, tokenizer)
+
+
+def tiny_model(tokenizer, dropout=0.1):
+    torch.manual_seed(0)
+    return Transformer(preset("tiny", vocab_size=tokenizer.vocab_size, d_model=64, d_ff=128, dropout=dropout))
+
+
+CFG = TrainConfig(lr=3e-3, warmup_steps=20, max_tokens=400, max_epochs=1000, patience=0, log_every=5,
+                  progress=False)
+
+
+def test_tiny_model_overfits_32_pairs(toy, tmp_path):
+    corpus, tokenizer, encoded = toy
+    trainer = Trainer(tiny_model(tokenizer, dropout=0.0), tokenizer, encoded, None, None,
+                      replace(CFG, max_steps=300, label_smoothing=0.0), CPU, tmp_path)
+    trainer.train()
+    hyps = translate_encoded(trainer.model, tokenizer, encoded, CPU, GenerationConfig(beam_size=1))
+    assert corpus_score("bleu", hyps, corpus.target).score > 95
+
+
+def test_resume_continues_exactly(toy, tmp_path):
+    _, tokenizer, encoded = toy
+    cfg = replace(CFG, max_steps=12, update_freq=2, max_tokens=150)  # several batches per epoch
+    straight = Trainer(tiny_model(tokenizer), tokenizer, encoded, None, None, cfg, CPU, tmp_path / "a")
+    straight.train()
+
+    first = Trainer(tiny_model(tokenizer), tokenizer, encoded, None, None, replace(cfg, max_steps=5), CPU,
+                    tmp_path / "b")
+    first.train()
+    first.save_checkpoint(tmp_path / "b" / "mid.pt")
+    torch.manual_seed(1234)  # disturb the global RNG: resume must restore it
+    resumed = Trainer(tiny_model(tokenizer), tokenizer, encoded, None, None, cfg, CPU, tmp_path / "b")
+    resumed.resume(tmp_path / "b" / "mid.pt")
+    assert resumed.state.step == 5 and resumed.state.batch_in_epoch > 0
+    resumed.train()
+
+    for p, q in zip(straight.model.parameters(), resumed.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    losses = lambda t: [r["loss"] for r in t.state.history if r["kind"] == "train"]  # noqa: E731
+    assert losses(straight)[-1] == losses(resumed)[-1]
+
+
+def test_nan_loss_stops_with_the_step(toy, tmp_path):
+    _, tokenizer, encoded = toy
+    model = tiny_model(tokenizer)
+    with torch.no_grad():
+        model.token_embedding.weight[5] = float("nan")
+    trainer = Trainer(model, tokenizer, encoded, None, None, replace(CFG, max_steps=3), CPU, tmp_path)
+    with pytest.raises(TrainingError, match=r"loss is nan at step 1 \(epoch 1\)"):
+        trainer.train()
+
+
+def test_missing_and_corrupt_checkpoints_are_refused(toy, tmp_path):
+    _, tokenizer, encoded = toy
+    with pytest.raises(CheckpointError, match="checkpoint not found"):
+        load_checkpoint(tmp_path / "nope.pt")
+    trainer = Trainer(tiny_model(tokenizer), tokenizer, encoded, None, None, replace(CFG, max_steps=1), CPU, tmp_path)
+    trainer.train()
+    good = tmp_path / "good.pt"
+    trainer.save_checkpoint(good)
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        load_checkpoint(truncated)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": 1}, foreign)
+    with pytest.raises(CheckpointError, match="not a msgcore checkpoint"):
+        load_checkpoint(foreign)
+    other = Trainer(Transformer(preset("tiny", vocab_size=tokenizer.vocab_size)), tokenizer, encoded, None, None,
+                    CFG, CPU, tmp_path)
+    with pytest.raises(CheckpointError, match="does not fit this model"):
+        other.resume(good)
+
+
+def test_load_model_rebuilds_the_same_translations(toy, tmp_path):
+    _, tokenizer, encoded = toy
+    trainer = Trainer(tiny_model(tokenizer), tokenizer, encoded, None, None, replace(CFG, max_steps=20), CPU,
+                      tmp_path)
+    trainer.train()
+    trainer.save_checkpoint(tmp_path / "m.pt")
+    model, tok = load_model(tmp_path / "m.pt")
+    cfg = GenerationConfig(beam_size=2)
+    assert tok.to_bytes() == tokenizer.to_bytes()
+    assert (translate_encoded(model, tok, encoded, CPU, cfg, limit=8)
+            == translate_encoded(trainer.model, tokenizer, encoded, CPU, cfg, limit=8))
+
+
+def test_checkpoint_write_is_atomic(toy, tmp_path, monkeypatch):
+    _, tokenizer, encoded = toy
+    trainer = Trainer(tiny_model(tokenizer), tokenizer, encoded, None, None, CFG, CPU, tmp_path)
+
+    def explode(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", explode)
+    with pytest.raises(OSError):
+        trainer.save_checkpoint(tmp_path / "x.pt")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_inverse_sqrt_schedule():
+    factor = inverse_sqrt(100)
+    assert factor(0) == pytest.approx(0.01)
+    assert factor(99) == pytest.approx(1.0)
+    assert factor(399) == pytest.approx(0.5)
