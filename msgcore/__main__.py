@@ -10,7 +10,8 @@ import argparse
 import sys
 
 from msgcore.batching import encode_corpus
-from msgcore.data import Corpus, load_ape, load_mlqe_pe, load_multi30k, read_parallel, synthetic_corpus
+from msgcore.data import (Corpus, check_same_length, load_ape, load_mlqe_pe, load_multi30k, read_lines, read_parallel,
+                          synthetic_corpus)
 from msgcore.generation import GenerationConfig
 from msgcore.metrics import score_all
 from msgcore.model import PRESETS, Transformer, preset
@@ -70,7 +71,8 @@ def translate(args) -> None:
 
 
 def score(args) -> None:
-    hyps, refs = read_parallel([args.hyp, args.ref], skip_empty=False)
+    hyps, refs = read_lines(args.hyp), read_lines(args.ref)  # an empty hypothesis line is a legal output
+    check_same_length([hyps, refs], [args.hyp, args.ref])
     for result in score_all(hyps, refs, args.metrics, n_bootstrap=args.bootstrap).values():
         print(f"{result}\t{result.signature}")
 

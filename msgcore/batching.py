@@ -76,28 +76,47 @@ class Batch:
         return int(self.target_mask.sum())
 
     def concatenated(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """All sources of each example packed into one sequence, for single-encoder baselines.
+        """All sources of each example packed into one sequence (see `concatenate_sources`)."""
+        return concatenate_sources(self.sources, self.source_masks, self.pad_id)
 
-        Returns tokens, segment_ids, positions and mask, each (B, S) with S the longest packed
-        example: source k's real tokens follow source k-1's without inner padding, carry
-        segment id k and positions counting from 0 again; padding sits at the end with
-        token pad_id, segment 0, position 0 and mask False.
-        """
-        lengths = torch.stack([mask.sum(1) for mask in self.source_masks], 1)  # (B, K)
-        starts = lengths.cumsum(1) - lengths                                   # (B, K) first column of each source
-        batch_size, total = lengths.shape[0], int(lengths.sum(1).max())
-        tokens = torch.full((batch_size, total), self.pad_id, dtype=torch.long, device=lengths.device)  # (B, S)
-        segment_ids = torch.zeros_like(tokens)                 # (B, S)
-        positions = torch.zeros_like(tokens)                   # (B, S)
-        mask = torch.zeros_like(tokens, dtype=torch.bool)      # (B, S)
-        for k, (source, source_mask) in enumerate(zip(self.sources, self.source_masks)):
-            rows, offsets = source_mask.nonzero(as_tuple=True)  # each real token: its example, its position in source k
-            columns = starts[rows, k] + offsets                  # where it goes in the packed sequence
-            tokens[rows, columns] = source[rows, offsets]
-            segment_ids[rows, columns] = k
-            positions[rows, columns] = offsets
-            mask[rows, columns] = True
-        return tokens, segment_ids, positions, mask
+
+def concatenate_sources(sources: Sequence[Tensor], source_masks: Sequence[Tensor],
+                        pad_id: int = PAD_ID) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Pack the K sources of each example into one sequence, for single-encoder models.
+
+    Returns tokens, segment_ids, positions and mask, each (B, S) with S the longest packed
+    example: source k's real tokens follow source k-1's without inner padding, carry
+    segment id k and positions counting from 0 again; padding sits at the end with
+    token pad_id, segment 0, position 0 and mask False.
+    """
+    lengths = torch.stack([mask.sum(1) for mask in source_masks], 1)  # (B, K)
+    starts = lengths.cumsum(1) - lengths                              # (B, K) first column of each source
+    batch_size, total = lengths.shape[0], int(lengths.sum(1).max())
+    tokens = torch.full((batch_size, total), pad_id, dtype=torch.long, device=lengths.device)  # (B, S)
+    segment_ids = torch.zeros_like(tokens)                 # (B, S)
+    positions = torch.zeros_like(tokens)                   # (B, S)
+    mask = torch.zeros_like(tokens, dtype=torch.bool)      # (B, S)
+    for k, (source, source_mask) in enumerate(zip(sources, source_masks)):
+        rows, offsets = source_mask.nonzero(as_tuple=True)  # each real token: its example, its position in source k
+        columns = starts[rows, k] + offsets                  # where it goes in the packed sequence
+        tokens[rows, columns] = source[rows, offsets]
+        segment_ids[rows, columns] = k
+        positions[rows, columns] = offsets
+        mask[rows, columns] = True
+    return tokens, segment_ids, positions, mask
+
+
+def split_sources(packed: Tensor, source_masks: Sequence[Tensor]) -> list[Tensor]:
+    """Undo `concatenate_sources` for states (B, S, D): one (B, S_k, D) tensor per source, zeros at padding."""
+    lengths = torch.stack([mask.sum(1) for mask in source_masks], 1)  # (B, K)
+    starts = lengths.cumsum(1) - lengths                              # (B, K)
+    pieces = []
+    for k, source_mask in enumerate(source_masks):
+        rows, offsets = source_mask.nonzero(as_tuple=True)
+        piece = packed.new_zeros(*source_mask.shape, packed.size(-1))  # (B, S_k, D)
+        piece[rows, offsets] = packed[rows, starts[rows, k] + offsets]
+        pieces.append(piece)
+    return pieces
 
 
 def _pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:

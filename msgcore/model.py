@@ -132,6 +132,8 @@ class Transformer(nn.Module):
     `generate` and the `Trainer` only use `encode`, `decode` and `forward`.
     """
 
+    config_class = TransformerConfig  # what `load_model` rebuilds the config with
+
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.cfg = cfg
@@ -168,6 +170,10 @@ class Transformer(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def parameter_groups(self) -> list[dict]:
+        """Hook: optimizer parameter groups; `lr_scale` multiplies the trainer's learning rate."""
+        return [{"params": list(self.parameters()), "lr_scale": 1.0}]
 
     def encode(self, sources: list[Tensor], source_masks: list[Tensor]) -> list[EncoderOut]:
         """Hook: encode the K sources, each (B, S_k) with mask (B, S_k); one EncoderOut per source."""

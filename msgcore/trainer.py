@@ -26,7 +26,6 @@ from tqdm import tqdm
 from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batches
 from msgcore.generation import GenerationConfig, generate
 from msgcore.metrics import corpus_score
-from msgcore.model import TransformerConfig
 from msgcore.tokenizer import Tokenizer
 from msgcore.utils import CheckpointError, TrainingError, atomic_write
 
@@ -113,7 +112,8 @@ class Trainer:
         self.train_data, self.valid_data, self.valid_refs = train_data, valid_data, valid_refs
         self.out_dir = Path(out_dir)
         self.lengths = example_lengths(train_data)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=1e-8,
+        groups = [{"params": g["params"], "lr": cfg.lr * g.get("lr_scale", 1.0)} for g in model.parameter_groups()]
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8,
                                            weight_decay=cfg.weight_decay, fused=device.type == "cuda")
         self.scheduler = LambdaLR(self.optimizer, inverse_sqrt(cfg.warmup_steps))
         self.state = TrainState()
@@ -296,6 +296,7 @@ def load_model(path, device: torch.device | str = "cpu"):
     checkpoint = load_checkpoint(path)
     if checkpoint["model_class"] not in MODELS or checkpoint.get("tokenizer") is None:
         raise CheckpointError(f"{path}: cannot rebuild a {checkpoint['model_class']} (unknown class or no tokenizer)")
-    model = MODELS[checkpoint["model_class"]](TransformerConfig(**checkpoint["model_config"]))
+    model_class = MODELS[checkpoint["model_class"]]
+    model = model_class(model_class.config_class(**checkpoint["model_config"]))
     model.load_state_dict(checkpoint["model"])
     return model.to(device).eval(), Tokenizer.from_bytes(checkpoint["tokenizer"])

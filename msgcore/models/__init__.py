@@ -3,5 +3,6 @@
 MODELS maps the class names stored in checkpoints to classes, so `load_model` can rebuild them.
 """
 from msgcore.model import Transformer
+from msgcore.models.trice import TriceTransformer
 
-MODELS = {"Transformer": Transformer}
+MODELS = {"Transformer": Transformer, "TriceTransformer": TriceTransformer}

@@ -1,0 +1,186 @@
+"""TRICE: transfer from single-source to multi-source sequence generation.
+
+Huang, Li, Xu, Sun, Liu. "Transfer Learning for Sequence Generation: from Single-source to
+Multi-source". ACL 2021 (arXiv:2105.14809).
+
+Notation (the paper's, with K sources):
+    x_1 .. x_K   the source sentences;  X = [x_1; ...; x_K] their concatenation
+    H^c          coarse encoder output: the (pre)trained encoder run over X         §2.3, Eq. (8-9)
+    H^f_k        fine encoder output for source k                                     §2.4, Eq. (10-14)
+    N_f          number of fine-encoder layers
+What this file changes with respect to msgcore.model.Transformer:
+    * `encode`: concatenated (coarse) encoding with segment embeddings, split back per source,
+      then the fine encoder, where each source attends to all the other sources;
+    * the decoder layer's `cross_attend`: separated cross-attention, one shared attention module
+      applied to each source with its own mask, averaged (§2.5, Eq. 15-16).
+The training stages (§2.2) are recipes: `sample_single_source` builds the stage-1 data and
+`from_single_source` starts stage 2 from the stage-1 model with a new, randomly initialised fine
+encoder whose parameters get a larger learning rate (`parameter_groups`).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from msgcore.attention import KV, MultiHeadAttention
+from msgcore.batching import concatenate_sources, split_sources
+from msgcore.data import Corpus
+from msgcore.layers import DecoderLayer, EncoderOut, FeedForward, ResidualLayer
+from msgcore.model import Decoder, Transformer, TransformerConfig
+
+
+@dataclass
+class TriceConfig(TransformerConfig):
+    fine_layers: int = 1  # N_f fine-encoder layers; 0 = no fine encoder (Table 5)
+    fine_cross_attention: bool = True  # False = fine layers without cross-source attention (Table 5 "w/o CA")
+    separated_cross_attention: bool = True  # False = one cross-attention over all sources joined (Table 6)
+    concatenated_encoding: bool = True  # False = the coarse encoder reads each source alone (Table 6)
+    segment_embedding: bool = True  # add E_seg[k] to the tokens of source k (Table 6)
+    fine_lr_scale: float = 10.0  # learning-rate multiplier of the new fine-encoder parameters (authors: 10x)
+
+
+def join_sources(outs: list[EncoderOut]) -> EncoderOut:
+    """Concatenate encoded sources along the length axis (padding kept, masked)."""
+    return EncoderOut(torch.cat([o.hidden for o in outs], 1), torch.cat([o.mask for o in outs], 1))
+
+
+class FineEncoderLayer(ResidualLayer):
+    """One fine-encoder layer (§2.4): self-attention, cross-source attention, FFN.
+
+    # Deviation: the paper states K = 2 (source 1 attends to source 2 and vice versa). For any K,
+    # source k attends to the concatenation of all other sources, with their padding masks.
+    """
+
+    def __init__(self, cfg: TriceConfig):
+        super().__init__(cfg.d_model, cfg.dropout, cfg.pre_norm)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.self_attn_norm, self.cross_attn_norm, self.ffn_norm = (nn.LayerNorm(cfg.d_model) for _ in range(3))
+        self.use_cross_attention = cfg.fine_cross_attention
+
+    def forward(self, x: Tensor, mask: Tensor, others: EncoderOut | None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """x (B, S_k, D) with mask (B, S_k); `others` the other sources joined, or None when K = 1."""
+        h, _, _ = self.self_attn(self.before(x, self.self_attn_norm), mask=mask[:, None, None, :])
+        x = self.after(x, h, self.self_attn_norm)  # Eq. (11)
+        weights = None
+        if self.use_cross_attention and others is not None:
+            h, _, weights = self.cross_attn(self.before(x, self.cross_attn_norm), others.hidden,
+                                            others.mask[:, None, None, :], need_weights=need_weights)
+            x = self.after(x, h, self.cross_attn_norm)  # Eq. (12-13)
+        x = self.after(x, self.ffn(self.before(x, self.ffn_norm)), self.ffn_norm)  # Eq. (14)
+        return x, weights
+
+
+class FineEncoder(nn.Module):
+    """N_f fine layers over the coarse outputs of the K sources; the same weights serve every source."""
+
+    def __init__(self, cfg: TriceConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(FineEncoderLayer(cfg) for _ in range(cfg.fine_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
+
+    def forward(self, coarse: list[EncoderOut], need_weights: bool = False):
+        """Returns one EncoderOut per source and, per layer, each source's cross-source weights."""
+        states, attention = [o.hidden for o in coarse], []
+        for layer in self.layers:
+            current = [EncoderOut(h, o.mask) for h, o in zip(states, coarse)]  # all sources at this depth
+            updated, layer_weights = [], []
+            for k, source in enumerate(current):
+                others = [o for j, o in enumerate(current) if j != k]
+                x, w = layer(source.hidden, source.mask, join_sources(others) if others else None, need_weights)
+                updated.append(x)
+                layer_weights.append(w)
+            states = updated
+            attention.append(layer_weights)
+        outs = [EncoderOut(self.final_norm(h), o.mask) for h, o in zip(states, coarse)]
+        return outs, attention
+
+
+class SeparatedCrossAttentionLayer(DecoderLayer):
+    """Decoder layer whose cross-attention reads each source separately (§2.5).
+
+    z_k = CrossAttn(s, H^f_k) with source k's mask (Eq. 15); z = (1/K) sum_k z_k (Eq. 16).
+    One module, shared by all sources; its K/V cache holds one (k, v) per source.
+    """
+
+    def cross_attend(self, x: Tensor, memory: list[EncoderOut], cross_kv: list[KV] | None,
+                     need_weights: bool) -> tuple[Tensor, list[KV], Tensor | None]:
+        outputs, caches, weights = [], [], []
+        for k, source in enumerate(memory):
+            h, kv, w = self.cross_attn(x, source.hidden, source.mask[:, None, None, :],
+                                       cross_kv[k] if cross_kv else None, need_weights=need_weights)  # Eq. (15)
+            outputs.append(h)
+            caches.append(kv)
+            weights.append(w)
+        mean = torch.stack(outputs).mean(0)  # Eq. (16)
+        return mean, caches, torch.cat(weights, -1) if need_weights else None
+
+
+class TriceDecoder(Decoder):
+    def build_layer(self, cfg: TriceConfig, index: int) -> nn.Module:
+        layer_class = SeparatedCrossAttentionLayer if cfg.separated_cross_attention else DecoderLayer
+        return layer_class(cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout,
+                           cfg.activation_dropout, cfg.pre_norm)
+
+
+class TriceTransformer(Transformer):
+    """Coarse encoder + fine encoder + decoder with separated cross-attention."""
+
+    config_class = TriceConfig
+
+    def __init__(self, cfg: TriceConfig):
+        super().__init__(cfg)
+        self.fine_encoder = FineEncoder(cfg) if cfg.fine_layers > 0 else None
+        self.reset_linear_parameters()  # again, now that the fine encoder exists
+
+    def build_decoder(self, cfg: TriceConfig) -> nn.Module:
+        return TriceDecoder(cfg, self.token_embedding)
+
+    def coarse_encode(self, sources: list[Tensor], source_masks: list[Tensor]) -> list[EncoderOut]:
+        """H^c: the concatenated sources through the (pre)trained encoder, split back per source."""
+        if not self.cfg.concatenated_encoding:
+            return [self.encoder(tokens, mask) for tokens, mask in zip(sources, source_masks)]
+        tokens, segments, positions, mask = concatenate_sources(sources, source_masks, self.cfg.pad_id)
+        # Positions restart at 0 for each source (authors' code); Eq. (8) adds E_seg[k].
+        # With one source there is nothing to tell apart: no segment embedding, a plain seq2seq model.
+        segments = segments if self.cfg.segment_embedding and len(sources) > 1 else None
+        packed = self.encoder(tokens, mask, positions=positions, segment_ids=segments)  # Eq. (9)
+        hidden = split_sources(packed.hidden, source_masks)
+        return [EncoderOut(h, m) for h, m in zip(hidden, source_masks)]
+
+    def encode(self, sources: list[Tensor], source_masks: list[Tensor]) -> list[EncoderOut]:
+        outs = self.coarse_encode(sources, source_masks)
+        if self.fine_encoder is not None:
+            outs, _ = self.fine_encoder(outs)
+        return outs if self.cfg.separated_cross_attention else [join_sources(outs)]
+
+    def parameter_groups(self) -> list[dict]:
+        """The fine encoder is new in stage 2: it learns `fine_lr_scale` times faster."""
+        fine = set(self.fine_encoder.parameters()) if self.fine_encoder is not None else set()
+        rest = [p for p in self.parameters() if p not in fine]
+        groups = [{"params": rest, "lr_scale": 1.0}]
+        if fine:
+            groups.append({"params": list(fine), "lr_scale": self.cfg.fine_lr_scale})
+        return groups
+
+
+def from_single_source(single: Transformer, cfg: TriceConfig) -> TriceTransformer:
+    """Stage 2 (§2.2): copy the stage-1 model into a TRICE model; the fine encoder starts random."""
+    model = TriceTransformer(cfg)
+    missing, unexpected = model.load_state_dict(single.state_dict(), strict=False)
+    if unexpected or any(not name.startswith("fine_encoder.") for name in missing):
+        raise ValueError(f"stage-1 model does not match: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    return model
+
+
+def sample_single_source(corpus: Corpus, seed: int = 0) -> Corpus:
+    """Stage-1 data (§2.2): each K-source example keeps one source, drawn with probability 1/K."""
+    rng = random.Random(f"trice-ssg:{seed}")
+    picks = [rng.randrange(corpus.num_sources) for _ in range(len(corpus))]
+    column = [corpus.sources[k][i] for i, k in enumerate(picks)]
+    return Corpus(corpus.name, corpus.split, ("any",), corpus.target_lang, [column], corpus.target)

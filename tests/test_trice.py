@@ -1,0 +1,132 @@
+"""TRICE (msgcore/models/trice.py): fine encoder, separated cross-attention, stages, equivalences."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from msgcore.batching import concatenate_sources, split_sources
+from msgcore.data import synthetic_corpus
+from msgcore.layers import DecoderLayer
+from msgcore.model import Transformer, preset
+from msgcore.models.trice import (SeparatedCrossAttentionLayer, TriceConfig, TriceTransformer, from_single_source,
+                                  sample_single_source)
+
+DIMS = dict(vocab_size=40, d_model=32, n_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0)
+
+
+def sources(K, B=3, lengths=(5, 7, 4), vocab=40):
+    """K padded sources of different lengths; sentence 0 has padding in every source."""
+    toks, masks = [], []
+    for k in range(K):
+        tokens = torch.randint(4, vocab, (B, lengths[k]))
+        mask = torch.ones(B, lengths[k], dtype=torch.bool)
+        mask[0, lengths[k] - 2:] = False
+        tokens[~mask] = 0
+        toks.append(tokens)
+        masks.append(mask)
+    return toks, masks
+
+
+def trice(**overrides):
+    torch.manual_seed(0)
+    return TriceTransformer(TriceConfig(**{**DIMS, **overrides})).eval()
+
+
+@pytest.mark.parametrize("K", [2, 3])
+def test_encode_shapes_and_padding_invariance(K):
+    model = trice(fine_layers=2)
+    toks, masks = sources(K)
+    outs = model.encode(toks, masks)
+    assert [o.hidden.shape for o in outs] == [(3, n, 32) for n in (5, 7, 4)[:K]]
+    changed = [t.clone() for t in toks]
+    for t, m in zip(changed, masks):
+        t[~m] = torch.randint(4, 40, (int((~m).sum()),))
+    for before, after in zip(outs, model.encode(changed, masks)):
+        torch.testing.assert_close(after.hidden[after.mask], before.hidden[before.mask])
+
+
+def test_fine_encoder_mixes_sources_only_with_cross_attention():
+    toks, masks = sources(2)
+    for cross, should_change in ((True, True), (False, False)):
+        model = trice(fine_layers=1, fine_cross_attention=cross, concatenated_encoding=False)
+        base = model.encode(toks, masks)[0].hidden
+        other = [toks[0], torch.randint(4, 40, toks[1].shape)]
+        moved = model.encode(other, masks)[0].hidden
+        assert (not torch.allclose(base, moved)) == should_change
+
+
+def test_separated_cross_attention_is_the_mean_of_single_source_attentions():
+    torch.manual_seed(0)
+    layer = SeparatedCrossAttentionLayer(32, 4, 64, 0.0, 0.0, 0.0, True).eval()
+    single = DecoderLayer(32, 4, 64, 0.0, 0.0, 0.0, True).eval()
+    single.load_state_dict(layer.state_dict())
+    model = trice(fine_layers=0)
+    toks, masks = sources(3)
+    memory = model.encode(toks, masks)
+    x = torch.randn(3, 6, 32)
+    joint, caches, _ = layer.cross_attend(x, memory, None, False)
+    each = [single.cross_attend(x, [m], None, False)[0] for m in memory]
+    torch.testing.assert_close(joint, torch.stack(each).mean(0))
+    assert len(caches) == 3
+
+
+@pytest.mark.parametrize("K", [1, 2, 3])
+def test_incremental_decoding_equals_full(K):
+    model = trice(fine_layers=1)
+    toks, masks = sources(K)
+    target = torch.randint(4, 40, (3, 6))
+    memory = model.encode(toks, masks)
+    full = model.decode(target, memory).logits
+    cache, steps = None, []
+    for t in range(6):
+        out = model.decode(target[:, t:t + 1], memory, cache, start_pos=t)
+        cache, steps = out.cache, steps + [out.logits]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-4, rtol=1e-4)
+    assert len(cache[0].cross_kv) == K
+
+
+def test_one_source_without_fine_encoder_equals_the_transformer():
+    torch.manual_seed(0)
+    single = Transformer(preset("tiny", **DIMS)).eval()
+    model = from_single_source(single, TriceConfig(**DIMS, fine_layers=0)).eval()
+    toks, masks = sources(1)
+    batch = SimpleNamespace(sources=toks, source_masks=masks, target_in=torch.randint(4, 40, (3, 5)))
+    torch.testing.assert_close(model(batch), single(batch))
+
+
+def test_stage_two_copies_stage_one_and_speeds_up_the_new_fine_encoder():
+    torch.manual_seed(0)
+    single = Transformer(preset("tiny", **DIMS))
+    model = from_single_source(single, TriceConfig(**DIMS, fine_layers=1, fine_lr_scale=10.0))
+    torch.testing.assert_close(model.encoder.layers[0].ffn.w1.weight, single.encoder.layers[0].ffn.w1.weight)
+    rest, fine = model.parameter_groups()
+    assert fine["lr_scale"] == 10.0 and rest["lr_scale"] == 1.0
+    assert {id(p) for p in fine["params"]} == {id(p) for p in model.fine_encoder.parameters()}
+    assert len(rest["params"]) + len(fine["params"]) == len(list(model.parameters()))
+
+
+def test_segment_embedding_and_joint_variant():
+    toks, masks = sources(2)
+    with_segments = trice(fine_layers=0).encode(toks, masks)[0].hidden
+    without = trice(fine_layers=0, segment_embedding=False).encode(toks, masks)[0].hidden
+    assert not torch.allclose(with_segments, without)
+    joint = trice(separated_cross_attention=False).encode(toks, masks)
+    assert len(joint) == 1 and joint[0].hidden.shape == (3, 12, 32)
+
+
+def test_concatenate_then_split_round_trips():
+    toks, masks = sources(3)
+    packed, segments, positions, mask = concatenate_sources(toks, masks)
+    assert mask.sum().item() == sum(m.sum().item() for m in masks)
+    features = packed.unsqueeze(-1).float()  # (B, S, 1): the token ids as states
+    for original, m, piece in zip(toks, masks, split_sources(features, masks)):
+        assert torch.equal(piece.squeeze(-1).long()[m], original[m])
+
+
+def test_single_source_sampling_is_uniform():
+    corpus = synthetic_corpus(3000, num_sources=3, seed=0)
+    sampled = sample_single_source(corpus, seed=1)
+    picks = [[corpus.sources[k][i] for k in range(3)].index(s) for i, s in enumerate(sampled.sources[0])]
+    for k in range(3):
+        assert abs(picks.count(k) / len(picks) - 1 / 3) < 0.03
+    assert sampled.target == corpus.target
