@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from msgcore.embeddings import Embeddings, LearnedPositions, SinusoidalPositions
@@ -190,3 +191,12 @@ class Transformer(nn.Module):
         """Teacher-forced logits (B, T, V) for a `Batch` (sources, source_masks, target_in)."""
         memory = self.encode(batch.sources, batch.source_masks)
         return self.decode(batch.target_in, memory).logits
+
+    def loss(self, batch, label_smoothing: float = 0.0) -> Tensor:
+        """Hook: the training loss summed over the batch's real target tokens (the Trainer averages).
+
+        Label-smoothed cross-entropy (§5.4), computed in fp32 whatever the autocast dtype.
+        """
+        logits = self(batch)  # (B, T, V)
+        return F.cross_entropy(logits.float().flatten(0, 1), batch.target_out.flatten(), ignore_index=self.cfg.pad_id,
+                               reduction="sum", label_smoothing=label_smoothing)

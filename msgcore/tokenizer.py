@@ -1,7 +1,8 @@
 """A thin wrapper over a SentencePiece model with fixed special ids and language tags.
 
-Ids 0-3 are always pad, unk, bos (<s>) and eos (</s>); then come the language tags "<2en>",
-"<2de>", ... (one per language given at training time), then the learned pieces. Trained
+Ids 0-4 are always pad, unk, bos (<s>), eos (</s>) and <mask> (for denoising pre-training); then
+come the language tags "<2en>", "<2de>", ... (one per language given at training time), then the
+learned pieces. Trained
 models are cached by a hash of their training text and options, so rerunning a notebook
 reuses the same model instead of training it again.
 """
@@ -20,9 +21,10 @@ import sentencepiece as spm
 from msgcore import download
 from msgcore.utils import DataError, atomic_write
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+PAD_ID, UNK_ID, BOS_ID, EOS_ID, MASK_ID = 0, 1, 2, 3, 4
+MASK_PIECE = "<mask>"
 MODEL_TYPES = ("unigram", "bpe")
-_FIRST_LANG_ID = 4
+_FIRST_LANG_ID = 5
 # SentencePiece's result depends on its thread count, so it is fixed: same text -> same model on any machine.
 TRAIN_THREADS = 4
 _LANG_TAG = re.compile(r"<2([^>\s]+)>")
@@ -59,6 +61,7 @@ class Tokenizer:
             raise DataError("cannot train a tokenizer on no text (all texts are empty)")
         langs = tuple(dict.fromkeys(langs))
         options = {"vocab_size": vocab_size, "model_type": model_type, "langs": langs, "seed": seed,
+                   "symbols": [MASK_PIECE],
                    "sentencepiece": spm.__version__}
         cache_file = Path(cache_dir or download.cache_dir() / "tokenizers") / f"{_fingerprint(texts, options)}.model"
         if cache_file.is_file():
@@ -122,6 +125,10 @@ class Tokenizer:
     @property
     def eos_id(self) -> int:
         return EOS_ID
+
+    @property
+    def mask_id(self) -> int:
+        return MASK_ID
 
     @property
     def vocab_size(self) -> int:
@@ -199,7 +206,7 @@ def _train_sentencepiece(texts: list[str], vocab_size: int, model_type: str, lan
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type=model_type,
             pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-            user_defined_symbols=[lang_tag(lang) for lang in langs],
+            user_defined_symbols=[MASK_PIECE] + [lang_tag(lang) for lang in langs],
             hard_vocab_limit=False,           # tiny corpora: a smaller vocabulary instead of an error
             character_coverage=1.0,           # keep every character (umlauts, accents)
             normalization_rule_name="nmt_nfkc",  # normalizes but stays detokenizable

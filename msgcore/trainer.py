@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.optim.lr_scheduler import LambdaLR
 from tqdm import tqdm
 
@@ -129,13 +128,10 @@ class Trainer:
 
     # ---- one optimizer step -------------------------------------------------------------
     def loss_sum(self, batch) -> torch.Tensor:
-        """Summed label-smoothed cross-entropy over the real target tokens of one batch."""
+        """The model's summed loss over the real target tokens of one batch (see `Transformer.loss`)."""
         with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
                             enabled=self.amp_dtype is not None):
-            logits = self.model(batch)  # (B, T, V)
-        return F.cross_entropy(logits.float().flatten(0, 1), batch.target_out.flatten(),
-                               ignore_index=self.model.cfg.pad_id, reduction="sum",
-                               label_smoothing=self.cfg.label_smoothing)
+            return self.model.loss(batch, self.cfg.label_smoothing)
 
     def train_step(self, batches: list) -> float:
         """One update over `update_freq` batches; the loss is averaged over all their target tokens."""

@@ -39,7 +39,8 @@ def test_special_ids_and_lang_tags(cache):
     tok = Tokenizer.train(TEXTS, vocab_size=120, langs=("en", "de", "en"), cache_dir=cache)
     assert (tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id) == (0, 1, 2, 3)
     assert [tok.id_to_piece(i) for i in range(4)] == ["<pad>", "<unk>", "<s>", "</s>"]
-    assert tok.langs == ("en", "de") and (tok.lang_id("en"), tok.lang_id("de")) == (4, 5)
+    assert tok.id_to_piece(tok.mask_id) == "<mask>" and tok.mask_id == 4
+    assert tok.langs == ("en", "de") and (tok.lang_id("en"), tok.lang_id("de")) == (5, 6)
     assert tok.id_to_piece(tok.lang_id("de")) == "<2de>"
     with pytest.raises(DataError, match="no language tag for 'fr'; it knows: en, de"):
         tok.lang_id("fr")
