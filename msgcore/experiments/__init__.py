@@ -2,6 +2,8 @@
 
 The notebooks call these functions and then explain, tabulate and plot; a GPU user can run the
 same recipes as a script. Each scale is data, so a chapter's settings are readable in one place.
+This module holds what every chapter shares and chapter 0's scales; a paper's own training
+stages live beside it (e.g. `msgcore.experiments.trice`).
 """
 from __future__ import annotations
 
@@ -68,33 +70,34 @@ class TranslationData:
     synthetic: bool = False  # True when the real data was unavailable and the toy corpus stood in
 
 
-def load_multi30k_splits(source: str, target: str, splits: tuple[str, ...]) -> dict[str, Corpus]:
-    return {split: load_multi30k(split, sources=(source,), target=target) for split in splits}
+def load_multi30k_splits(sources: tuple[str, ...], target: str, splits: tuple[str, ...]) -> dict[str, Corpus]:
+    return {split: load_multi30k(split, sources=sources, target=target) for split in splits}
 
 
-def synthetic_splits(splits: tuple[str, ...], seed: int) -> dict[str, Corpus]:
+def synthetic_splits(splits: tuple[str, ...], num_sources: int, seed: int) -> dict[str, Corpus]:
     """The offline fallback: the toy corpus under the same split names."""
     sizes = {"train": 3000}
-    return {s: synthetic_corpus(sizes.get(s, 200), num_sources=1, seed=seed,
+    return {s: synthetic_corpus(sizes.get(s, 200), num_sources=num_sources, seed=seed,
                                 split="train" if s == "train" else "val" if s == "val" else "test")
             for s in splits}
 
 
-def prepare_translation(source: str, target: str, scale: Scale, seed: int = 0,
+def prepare_translation(source: str | tuple[str, ...], target: str, scale: Scale, seed: int = 0,
                         splits=("train", "val", "test_2016_flickr", "test_2017_flickr"),
                         tokenizer: Tokenizer | None = None, allow_synthetic: bool = False) -> TranslationData:
-    """Load Multi30k source->target, train (or reuse) a joint tokenizer, encode every split.
+    """Load Multi30k source(s)->target, train (or reuse) a joint tokenizer, encode every split.
 
     With `allow_synthetic`, a machine that has neither the data nor a mirror nor the network falls
     back to the seeded toy corpus (smoke runs only), and says so.
     """
+    sources = (source,) if isinstance(source, str) else tuple(source)
     try:
-        corpora, synthetic = load_multi30k_splits(source, target, splits), False
+        corpora, synthetic = load_multi30k_splits(sources, target, splits), False
     except DataError as error:
         if not allow_synthetic or "MSGCORE_DATA_MIRROR" not in str(error):
             raise
         print(f"Multi30k is unavailable ({error}); using the synthetic corpus instead.")
-        corpora, synthetic = synthetic_splits(splits, seed), True
+        corpora, synthetic = synthetic_splits(splits, len(sources), seed), True
     if scale.train_examples:
         corpora["train"] = corpora["train"].subset(range(min(scale.train_examples, len(corpora["train"]))))
     if tokenizer is None:
@@ -121,9 +124,15 @@ def train_translation(data: TranslationData, scale: Scale, device: torch.device,
     torch.manual_seed(seed)
     cfg: TransformerConfig = preset(scale.preset, vocab_size=data.tokenizer.vocab_size,
                                     pad_id=data.tokenizer.pad_id, **scale.model)
-    model = Transformer(cfg)
-    train_cfg = replace(scale.train, seed=seed, progress=progress)
-    trainer = Trainer(model, data.tokenizer, data.encoded["train"], data.encoded["val"],
+    return train_model(Transformer(cfg), data, replace(scale.train, seed=seed, progress=progress), device, out_dir)
+
+
+def train_model(model, data: TranslationData, train_cfg: TrainConfig, device: torch.device,
+                out_dir: str | Path, train: EncodedCorpus | None = None,
+                valid: EncodedCorpus | None = None) -> RunResult:
+    """Train `model` on data.encoded["train"] (or `train`), validate on "val" (or `valid`, same
+    references), and reload the checkpoint with the best dev BLEU."""
+    trainer = Trainer(model, data.tokenizer, train or data.encoded["train"], valid or data.encoded["val"],
                       data.corpora["val"].target, train_cfg, device, out_dir)
     start = time.perf_counter()
     history = trainer.train()
