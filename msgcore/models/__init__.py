@@ -3,6 +3,7 @@
 MODELS maps the class names stored in checkpoints to classes, so `load_model` can rebuild them.
 """
 from msgcore.model import Transformer
+from msgcore.models.coverage_nat import CoverageNAT
 from msgcore.models.trice import TriceTransformer
 
-MODELS = {"Transformer": Transformer, "TriceTransformer": TriceTransformer}
+MODELS = {"Transformer": Transformer, "TriceTransformer": TriceTransformer, "CoverageNAT": CoverageNAT}
