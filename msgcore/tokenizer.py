@@ -23,6 +23,7 @@ from msgcore.utils import DataError, atomic_write
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID, MASK_ID = 0, 1, 2, 3, 4
 MASK_PIECE = "<mask>"
+SEP_PIECE = "<sep>"  # joins two sentences into one sequence (document-level "two in, two out")
 MODEL_TYPES = ("unigram", "bpe")
 _FIRST_LANG_ID = 5
 # SentencePiece's result depends on its thread count, so it is fixed: same text -> same model on any machine.
@@ -48,10 +49,12 @@ class Tokenizer:
 
     @classmethod
     def train(cls, texts: Iterable[str], *, vocab_size: int = 8000, model_type: str = "unigram",
-              langs: Sequence[str] = (), cache_dir: str | os.PathLike | None = None, seed: int = 0) -> Tokenizer:
+              langs: Sequence[str] = (), symbols: Sequence[str] = (), cache_dir: str | os.PathLike | None = None,
+              seed: int = 0) -> Tokenizer:
         """Train on `texts` (or load the cached model trained on the same texts and options).
 
-        `vocab_size` is an upper bound: tiny corpora get a smaller vocabulary. The model is cached
+        `vocab_size` is an upper bound: tiny corpora get a smaller vocabulary. `symbols` are extra
+        pieces kept whole, after the language tags (e.g. SEP_PIECE to join two sentences). The model is cached
         as `<cache_dir>/<sha256>.model`, `cache_dir` defaulting to `<download.cache_dir()>/tokenizers`.
         """
         if model_type not in MODEL_TYPES:
@@ -61,7 +64,7 @@ class Tokenizer:
             raise DataError("cannot train a tokenizer on no text (all texts are empty)")
         langs = tuple(dict.fromkeys(langs))
         options = {"vocab_size": vocab_size, "model_type": model_type, "langs": langs, "seed": seed,
-                   "symbols": [MASK_PIECE],
+                   "symbols": [MASK_PIECE, *symbols],
                    "sentencepiece": spm.__version__}
         cache_file = Path(cache_dir or download.cache_dir() / "tokenizers") / f"{_fingerprint(texts, options)}.model"
         if cache_file.is_file():
@@ -69,7 +72,7 @@ class Tokenizer:
                 return cls.load(cache_file)
             except DataError:
                 pass  # a corrupt cache entry: train again and overwrite it
-        tokenizer = cls.from_bytes(_train_sentencepiece(texts, vocab_size, model_type, langs, seed))
+        tokenizer = cls.from_bytes(_train_sentencepiece(texts, vocab_size, model_type, langs, tuple(symbols), seed))
         tokenizer.save(cache_file)
         return tokenizer
 
@@ -198,7 +201,7 @@ def _fingerprint(texts: Sequence[str], options: dict) -> str:
 
 
 def _train_sentencepiece(texts: list[str], vocab_size: int, model_type: str, langs: tuple[str, ...],
-                         seed: int) -> bytes:
+                         symbols: tuple[str, ...], seed: int) -> bytes:
     """Train a SentencePiece model in memory and return its serialized bytes."""
     model = io.BytesIO()
     spm.set_random_generator_seed(seed)
@@ -206,7 +209,7 @@ def _train_sentencepiece(texts: list[str], vocab_size: int, model_type: str, lan
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type=model_type,
             pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-            user_defined_symbols=[MASK_PIECE] + [lang_tag(lang) for lang in langs],
+            user_defined_symbols=[MASK_PIECE] + [lang_tag(lang) for lang in langs] + list(symbols),
             hard_vocab_limit=False,           # tiny corpora: a smaller vocabulary instead of an error
             character_coverage=1.0,           # keep every character (umlauts, accents)
             normalization_rule_name="nmt_nfkc",  # normalizes but stays detokenizable

@@ -15,7 +15,7 @@ from msgcore.trainer import TrainConfig
 CPU = torch.device("cpu")
 STEPS = TrainConfig(lr=2e-3, warmup_steps=5, max_tokens=600, max_epochs=1, max_steps=6, patience=0,
                     valid_max_sentences=8, log_every=2, progress=False)
-SCALE = TriceScale("tiny", dict(d_model=32, d_ff=64, dropout=0.0), STEPS, STEPS, pretrain_sentences=40)
+SCALE = TriceScale("tiny", dict(d_model=32, d_ff=64, dropout=0.0), STEPS, STEPS, STEPS, STEPS, pretrain_sentences=40)
 
 
 def toy_data(tmp_path, num_sources=2):
@@ -29,7 +29,7 @@ def toy_data(tmp_path, num_sources=2):
 
 def test_stages_chain_and_every_system_trains(tmp_path):
     data = toy_data(tmp_path)
-    pretrained = pretrain(data, SCALE, CPU, tmp_path / "pre")
+    pretrained, _ = pretrain(data, SCALE, CPU, tmp_path / "pre")
     before = pretrained.encoder.layers[0].ffn.w1.weight.clone()
     stage1, stage2 = train_trice(pretrained, data, SCALE, CPU, tmp_path / "trice")
     torch.testing.assert_close(pretrained.encoder.layers[0].ffn.w1.weight, before)  # the pre-trained model is kept

@@ -153,3 +153,27 @@ def evaluate(model, data: TranslationData, split: str, scale: Scale, device: tor
               "chrF": corpus_score("chrf", hyps, refs, n_bootstrap=1000),
               "BLEU (lowercased)": corpus_score("bleu", hyps, refs, lowercase=True)}
     return hyps, scores
+
+
+def paired_delta(references: list[str], baseline: list[str], system: list[str], metric: str = "bleu",
+                 n_samples: int = 1000) -> tuple[float, float]:
+    """(system - baseline score, paired-bootstrap p-value) for one metric (sacrebleu's PairedTest)."""
+    from msgcore.metrics import paired_test
+
+    _, results = paired_test(references, {"baseline": baseline, "system": system}, metrics=(metric,),
+                             n_samples=n_samples)
+    base, other = next(value for key, value in results.items() if key != "System")  # keyed by sacrebleu's name
+    return other.score - base.score, other.p_value
+
+
+def verdict(deltas: list[float], p_values: list[float], higher_is_better: bool = True, alpha: float = 0.05) -> str:
+    """A claim "system beats baseline", judged over one or more runs (seeds):
+    reproduced when every run improves significantly, not reproduced when every run is significantly
+    worse, inconclusive otherwise."""
+    better = [(d > 0) == higher_is_better and d != 0 and p < alpha for d, p in zip(deltas, p_values)]
+    worse = [(d < 0) == higher_is_better and d != 0 and p < alpha for d, p in zip(deltas, p_values)]
+    if deltas and all(better):
+        return "reproduced"
+    if deltas and all(worse):
+        return "not reproduced"
+    return "inconclusive"

@@ -15,7 +15,8 @@ What this file changes with respect to msgcore.model.Transformer:
       applied to each source with its own mask, averaged (§2.5, Eq. 15-16).
 The training stages (§2.2) are recipes: `sample_single_source` builds the stage-1 data and
 `from_single_source` starts stage 2 from the stage-1 model with a new, randomly initialised fine
-encoder whose parameters get a larger learning rate (`parameter_groups`).
+encoder whose parameters get a larger learning rate (`parameter_groups`). Table 5's "FFN adapter"
+variant (`AdapterEncoderLayer`) adds new FFNs inside the coarse encoder instead.
 """
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ from torch import Tensor, nn
 from msgcore.attention import KV, MultiHeadAttention
 from msgcore.batching import concatenate_sources, split_sources
 from msgcore.data import Corpus
-from msgcore.layers import DecoderLayer, EncoderOut, FeedForward, ResidualLayer
-from msgcore.model import Decoder, Transformer, TransformerConfig
+from msgcore.layers import DecoderLayer, EncoderLayer, EncoderOut, FeedForward, ResidualLayer
+from msgcore.model import Decoder, Encoder, Transformer, TransformerConfig
 
 
 @dataclass
@@ -39,7 +40,8 @@ class TriceConfig(TransformerConfig):
     separated_cross_attention: bool = True  # False = one cross-attention over all sources joined (Table 6)
     concatenated_encoding: bool = True  # False = the coarse encoder reads each source alone (Table 6)
     segment_embedding: bool = True  # add E_seg[k] to the tokens of source k (Table 6)
-    fine_lr_scale: float = 10.0  # learning-rate multiplier of the new fine-encoder parameters (authors: 10x)
+    encoder_adapters: bool = False  # Table 5 "FFN adapter": an extra FFN sub-layer in every coarse encoder layer
+    fine_lr_scale: float = 10.0  # learning-rate multiplier of the new (stage-2) parameters (authors: 10x)
 
 
 def join_sources(outs: list[EncoderOut]) -> EncoderOut:
@@ -101,6 +103,27 @@ class FineEncoder(nn.Module):
         return outs, attention
 
 
+class AdapterEncoderLayer(EncoderLayer):
+    """Table 5's "FFN adapter" alternative to the fine encoder: a new FFN sub-layer (with its own
+    residual and norm) after the pre-trained FFN of each coarse encoder layer. No cross-source
+    attention: the sources only meet in the coarse encoder's self-attention."""
+
+    def __init__(self, cfg: TriceConfig):
+        super().__init__(cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout,
+                         cfg.activation_dropout, cfg.pre_norm)
+        self.adapter = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.adapter_norm = nn.LayerNorm(cfg.d_model)
+
+    def forward(self, x: Tensor, mask: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        x, weights = super().forward(x, mask, need_weights)
+        return self.after(x, self.adapter(self.before(x, self.adapter_norm)), self.adapter_norm), weights
+
+
+class TriceEncoder(Encoder):
+    def build_layer(self, cfg: TriceConfig, index: int) -> nn.Module:
+        return AdapterEncoderLayer(cfg) if cfg.encoder_adapters else super().build_layer(cfg, index)
+
+
 class SeparatedCrossAttentionLayer(DecoderLayer):
     """Decoder layer whose cross-attention reads each source separately (§2.5).
 
@@ -138,6 +161,9 @@ class TriceTransformer(Transformer):
         self.fine_encoder = FineEncoder(cfg) if cfg.fine_layers > 0 else None
         self.reset_linear_parameters()  # again, now that the fine encoder exists
 
+    def build_encoder(self, cfg: TriceConfig) -> nn.Module:
+        return TriceEncoder(cfg, self.token_embedding if cfg.tie_embeddings else self.new_embedding(cfg))
+
     def build_decoder(self, cfg: TriceConfig) -> nn.Module:
         return TriceDecoder(cfg, self.token_embedding)
 
@@ -159,21 +185,37 @@ class TriceTransformer(Transformer):
             outs, _ = self.fine_encoder(outs)
         return outs if self.cfg.separated_cross_attention else [join_sources(outs)]
 
+    def cross_source_attention(self, sources: list[Tensor], source_masks: list[Tensor]) -> list[list[Tensor]]:
+        """The fine encoder's cross-source attention weights, per layer and source: each
+        (B, H, S_k, sum of the other sources' lengths). For the chapter's heatmap."""
+        if self.fine_encoder is None:
+            raise ValueError("this model has no fine encoder (fine_layers=0)")
+        _, weights = self.fine_encoder(self.coarse_encode(sources, source_masks), need_weights=True)
+        return weights
+
+    def new_parameter_names(self) -> list[str]:
+        """Parameters that stage 2 adds to the stage-1 model: the fine encoder, or the adapters."""
+        return [name for name, _ in self.named_parameters() if is_new_parameter(name)]
+
     def parameter_groups(self) -> list[dict]:
-        """The fine encoder is new in stage 2: it learns `fine_lr_scale` times faster."""
-        fine = set(self.fine_encoder.parameters()) if self.fine_encoder is not None else set()
-        rest = [p for p in self.parameters() if p not in fine]
-        groups = [{"params": rest, "lr_scale": 1.0}]
-        if fine:
-            groups.append({"params": list(fine), "lr_scale": self.cfg.fine_lr_scale})
+        """The stage-2 parameters are new: they learn `fine_lr_scale` times faster (authors' code)."""
+        new = set(self.new_parameter_names())
+        named = list(self.named_parameters())
+        groups = [{"params": [p for n, p in named if n not in new], "lr_scale": 1.0}]
+        if new:
+            groups.append({"params": [p for n, p in named if n in new], "lr_scale": self.cfg.fine_lr_scale})
         return groups
+
+
+def is_new_parameter(name: str) -> bool:
+    return name.startswith("fine_encoder.") or ".adapter" in name
 
 
 def from_single_source(single: Transformer, cfg: TriceConfig) -> TriceTransformer:
     """Stage 2 (§2.2): copy the stage-1 model into a TRICE model; the fine encoder starts random."""
     model = TriceTransformer(cfg)
     missing, unexpected = model.load_state_dict(single.state_dict(), strict=False)
-    if unexpected or any(not name.startswith("fine_encoder.") for name in missing):
+    if unexpected or any(not is_new_parameter(name) for name in missing):
         raise ValueError(f"stage-1 model does not match: missing {missing[:3]}, unexpected {unexpected[:3]}")
     return model
 
