@@ -60,8 +60,8 @@ def test_find_chapters_follows_the_toc(tiny_book: Path) -> None:
     assert chapters["ch_b"] == tiny_book / "book" / "ch_b.ipynb"
 
 
-def test_repo_toc_lists_chapter_zero() -> None:
-    assert "ch00_transformer_baseline" in book.find_chapters(REPO_ROOT)
+def test_repo_toc_lists_the_chapters_in_order() -> None:
+    assert list(book.find_chapters(REPO_ROOT))[:2] == ["ch00_transformer_baseline", "ch01_trice"]
 
 
 def test_select_chapters_accepts_paths_and_keeps_toc_order(tiny_book: Path) -> None:

@@ -130,3 +130,29 @@ def test_single_source_sampling_is_uniform():
     for k in range(3):
         assert abs(picks.count(k) / len(picks) - 1 / 3) < 0.03
     assert sampled.target == corpus.target
+
+
+def test_ffn_adapter_variant_adds_only_new_adapter_parameters():
+    torch.manual_seed(0)
+    single = Transformer(preset("tiny", **DIMS))
+    model = from_single_source(single, TriceConfig(**DIMS, fine_layers=0, encoder_adapters=True)).eval()
+    new = model.new_parameter_names()
+    assert new and all(".adapter" in name for name in new)
+    assert len(new) == 6 * DIMS["encoder_layers"]  # adapter w1, b1, w2, b2 and adapter_norm weight, bias
+    toks, masks = sources(2)
+    assert model.encode(toks, masks)[0].hidden.shape == (3, 5, DIMS["d_model"])
+    rest, adapters = model.parameter_groups()
+    assert adapters["lr_scale"] == model.cfg.fine_lr_scale and len(adapters["params"]) == len(new)
+
+
+def test_cross_source_attention_weights_are_distributions_over_the_other_sources():
+    toks, masks = sources(3)
+    weights = trice(fine_layers=2).cross_source_attention(toks, masks)
+    assert len(weights) == 2 and len(weights[0]) == 3
+    w = weights[0][0]  # source 0 attends to sources 1 and 2: (B, H, S_0, S_1 + S_2)
+    assert w.shape == (3, DIMS["n_heads"], 5, 7 + 4)
+    torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]))
+    others_mask = torch.cat([masks[1], masks[2]], 1)
+    assert w[0, :, :, ~others_mask[0]].abs().max() == 0  # padding of the other sources gets no weight
+    with pytest.raises(ValueError, match="no fine encoder"):
+        trice(fine_layers=0).cross_source_attention(toks, masks)

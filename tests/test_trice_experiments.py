@@ -1,0 +1,92 @@
+"""The chapter's helpers: document data, MBART-DOCTRANS outputs, d-BLEU, adversarial sources, verdicts."""
+import pytest
+import sacrebleu
+import torch
+
+from msgcore.data import Corpus
+from msgcore.experiments import paired_delta, verdict
+from msgcore.experiments.trice import (current_sentence, document_bleu, joined_pair, previous_targets,
+                                       shuffled_source, split_documents_at, train_stage2)
+from msgcore.model import Transformer, preset
+from msgcore.tokenizer import SEP_PIECE, Tokenizer
+from msgcore.utils import MsgcoreError
+
+
+def doc_corpus():
+    prev = ["", "a1", "a2", "", "b1"]
+    cur = ["a1", "a2", "a3", "b1", "b2"]
+    return Corpus("doc", "dev", ("de", "de"), "en", [prev, cur], [c.upper() for c in cur], doc_ids=[0, 0, 0, 1, 1])
+
+
+def test_previous_targets_never_cross_a_document_boundary():
+    assert previous_targets(doc_corpus()) == ["", "A1", "A2", "", "B1"]
+
+
+def test_joined_pair_is_two_sentences_in_two_out():
+    pair = joined_pair(doc_corpus(), previous_targets(doc_corpus()))
+    assert pair.num_sources == 1 and pair.sources[0][1] == f"a1 {SEP_PIECE} a2"
+    assert pair.target[1] == f"A1 {SEP_PIECE} A2"
+    assert current_sentence(pair.target[1]) == "A2"
+    assert current_sentence("no separator here") == "no separator here"
+
+
+def test_split_documents_keeps_whole_documents():
+    train, valid = split_documents_at(doc_corpus(), valid_docs=1)
+    assert train.doc_ids == [0, 0, 0] and valid.doc_ids == [1, 1]
+    assert (train.split, valid.split) == ("train", "val")
+
+
+def test_document_bleu_joins_each_document():
+    hyps, refs, docs = ["a b c", "d e f", "g h i"], ["a b c", "d e x", "g h i"], [0, 0, 1]
+    expected = sacrebleu.corpus_bleu(["a b c d e f", "g h i"], [["a b c d e x", "g h i"]]).score
+    assert document_bleu(hyps, refs, docs) == pytest.approx(expected)
+
+
+def test_shuffled_source_replaces_every_sentence_of_one_source_only():
+    corpus = Corpus("t", "test", ("de", "fr"), "en", [[f"de{i}" for i in range(20)], [f"fr{i}" for i in range(20)]],
+                    [f"en{i}" for i in range(20)])
+    de, fr = shuffled_source(corpus, 0, seed=3)
+    assert fr == corpus.sources[1]
+    assert sorted(de) == sorted(corpus.sources[0])  # a permutation of the same sentences...
+    assert all(a != b for a, b in zip(de, corpus.sources[0]))  # ...with no sentence left in place
+    assert shuffled_source(corpus, 0, seed=3) == [de, fr]  # seeded
+    with pytest.raises(MsgcoreError, match="at least 2"):
+        shuffled_source(corpus.subset([0]), 0)
+
+
+def test_sep_piece_is_one_token_and_survives_decoding(tmp_path):
+    texts = ["ein Hund läuft", "a dog runs", "zwei Katzen", "two cats"] * 20
+    tok = Tokenizer.train(texts, vocab_size=60, langs=("de", "en"), symbols=(SEP_PIECE,), cache_dir=tmp_path)
+    ids = tok.encode(f"ein Hund {SEP_PIECE} a dog")
+    assert ids.count(tok.encode(SEP_PIECE)[-1]) == 1 and tok.langs == ("de", "en")
+    assert current_sentence(tok.decode(ids)) == "a dog"
+
+
+def test_verdict_needs_every_run_significant():
+    assert verdict([1.0, 0.5], [0.01, 0.02]) == "reproduced"
+    assert verdict([1.0, -0.5], [0.01, 0.02]) == "inconclusive"
+    assert verdict([1.0, 0.5], [0.01, 0.20]) == "inconclusive"
+    assert verdict([-1.0], [0.01]) == "not reproduced"
+    assert verdict([-1.0], [0.01], higher_is_better=False) == "reproduced"  # e.g. TER
+
+
+def test_paired_delta_signs():
+    refs = [f"the cat number {i} sat on the mat" for i in range(30)]
+    worse = [f"a dog number {i} sat" for i in range(30)]
+    delta, p = paired_delta(refs, worse, refs, "bleu", n_samples=200)
+    assert delta > 50 and p < 0.05
+    delta, _ = paired_delta(refs, worse, refs, "ter", n_samples=200)
+    assert delta < 0  # TER: the better system has the lower score
+
+
+def test_freezing_trains_only_the_new_fine_encoder(tmp_path):
+    from test_trice_recipes import SCALE, toy_data
+
+    data = toy_data(tmp_path)
+    torch.manual_seed(0)
+    single = Transformer(preset("tiny", vocab_size=data.tokenizer.vocab_size, **SCALE.model))
+    before = {n: p.detach().clone() for n, p in single.named_parameters()}
+    run = train_stage2(single, data, SCALE, torch.device("cpu"), tmp_path / "frozen", freeze_old=True)
+    changed = {n for n, p in run.model.named_parameters() if n in before and not torch.equal(p, before[n])}
+    assert not changed  # every stage-1 weight is untouched
+    assert any(p.requires_grad for p in run.model.fine_encoder.parameters())
