@@ -153,3 +153,38 @@ def generate(model, sources: list[Tensor], source_masks: list[Tensor], prefix_id
     model.eval()
     search = greedy_search if cfg.beam_size == 1 else beam_search
     return search(model, sources, source_masks, prefix_id, eos_id, cfg, forbidden)
+
+
+# ---- scoring given hypotheses (e.g. an autoregressive teacher rescoring NAT candidates) --------------
+
+@torch.no_grad()
+def sequence_log_probs(model, sources: list[Tensor], source_masks: list[Tensor], prefix_id: int, eos_id: int,
+                       hypotheses: list[list[int]], pad_id: int = 0) -> tuple[Tensor, Tensor]:
+    """Teacher-forced log p(y </s> | x) of one hypothesis per row (B,), and the lengths |y| + 1 (B,)."""
+    model.eval()
+    lengths = torch.tensor([len(h) + 1 for h in hypotheses], device=sources[0].device)  # counting </s>
+    T = int(lengths.max())
+    target_in = torch.full((len(hypotheses), T), pad_id, dtype=torch.long, device=sources[0].device)
+    target_out = target_in.clone()
+    for i, ids in enumerate(hypotheses):
+        target_in[i, :len(ids) + 1] = torch.tensor([prefix_id, *ids])
+        target_out[i, :len(ids) + 1] = torch.tensor([*ids, eos_id])
+    logits = model.decode(target_in, model.encode(sources, source_masks)).logits  # (B, T, V)
+    token_logp = torch.log_softmax(logits.float(), -1).gather(-1, target_out.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    real = torch.arange(T, device=lengths.device) < lengths.unsqueeze(1)  # (B, T)
+    return (token_logp * real).sum(1), lengths
+
+
+def rescore(model, sources: list[Tensor], source_masks: list[Tensor], prefix_id: int, eos_id: int,
+            candidates: list[list[list[int]]], pad_id: int = 0) -> list[list[int]]:
+    """For each sentence, the candidate with the best log-probability per token under `model`.
+
+    `candidates` holds l hypotheses per sentence (e.g. length parallel decoding of a NAT model).
+    """
+    l = len(candidates[0])
+    rows = torch.arange(len(candidates), device=sources[0].device).repeat_interleave(l)
+    flat = [hyp for per_sentence in candidates for hyp in per_sentence]
+    logp, lengths = sequence_log_probs(model, [s.index_select(0, rows) for s in sources],
+                                       [m.index_select(0, rows) for m in source_masks], prefix_id, eos_id, flat, pad_id)
+    best = (logp / lengths).view(len(candidates), l).argmax(1).tolist()
+    return [per_sentence[b] for per_sentence, b in zip(candidates, best)]

@@ -6,6 +6,7 @@ Hooks that the papers' models override (one small file each in msgcore/models/):
     Encoder.build_layer / Decoder.build_layer   swap in another layer class
     DecoderLayer.cross_attend (layers.py)       how the decoder reads the encoded sources
     Transformer.encode                          how the K sources are encoded (one EncoderOut each)
+    Transformer.generate                        how a batch is translated (a non-autoregressive model)
     Transformer.build_encoder / build_decoder   replace a whole stack
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from msgcore.embeddings import Embeddings, LearnedPositions, SinusoidalPositions
+from msgcore.generation import GenerationConfig, generate
 from msgcore.layers import DecoderLayer, EncoderLayer, EncoderOut, LayerCache
 from msgcore.utils import MsgcoreError
 
@@ -186,6 +188,11 @@ class Transformer(nn.Module):
     def decode(self, tokens: Tensor, memory: list[EncoderOut], cache: list[LayerCache] | None = None,
                start_pos: int = 0, need_weights: bool = False) -> DecoderOut:
         return self.decoder(tokens, memory, cache, start_pos, need_weights)
+
+    def generate(self, sources: list[Tensor], source_masks: list[Tensor], prefix_id: int, eos_id: int,
+                 cfg: GenerationConfig | None = None, forbidden: list[int] = ()) -> list[list[int]]:
+        """Hook: translate a batch to token ids (no prefix, no </s>): greedy or beam search (`cfg`)."""
+        return generate(self, sources, source_masks, prefix_id, eos_id, cfg, forbidden)
 
     def forward(self, batch) -> Tensor:
         """Teacher-forced logits (B, T, V) for a `Batch` (sources, source_masks, target_in)."""

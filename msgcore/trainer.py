@@ -23,7 +23,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from tqdm import tqdm
 
 from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batches
-from msgcore.generation import GenerationConfig, generate
+from msgcore.generation import GenerationConfig
 from msgcore.metrics import corpus_score
 from msgcore.tokenizer import Tokenizer
 from msgcore.utils import CheckpointError, TrainingError, atomic_write
@@ -278,7 +278,7 @@ def translate_encoded(model, tokenizer, data: EncodedCorpus, device: torch.devic
     for idx in token_batches(subset_lengths, max_tokens // max(1, cfg.beam_size), shuffle=False):
         batch = collate(data, idx).to(device)
         with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-            ids = generate(model, batch.sources, batch.source_masks, data.target_prefix,
+            ids = model.generate(batch.sources, batch.source_masks, data.target_prefix,
                            tokenizer.eos_id, cfg, forbidden)
         for i, hyp in zip(idx, ids):
             hypotheses[i] = tokenizer.decode(hyp)

@@ -247,3 +247,24 @@ def test_trainer_hook_sums_the_total_over_target_tokens(tmp_path):
                                           encoder_layers=1, decoder_layers=2, dropout=0.0)).eval()
     summed = model.loss(batch) / batch.num_target_tokens
     torch.testing.assert_close(summed, model.loss_terms(batch)["total"])
+
+
+def test_trainer_validates_a_nat_model_through_its_generate_hook(tmp_path):
+    """translate_encoded (dev BLEU, the CLI) calls model.generate: for a NAT model, parallel decoding."""
+    from msgcore.trainer import Trainer, TrainConfig, translate_encoded
+    from msgcore.generation import GenerationConfig
+
+    corpus = synthetic_corpus(24, num_sources=1, seed=0)
+    tok = Tokenizer.train(corpus.texts(), vocab_size=60, cache_dir=tmp_path)
+    encoded = encode_corpus(corpus, tok)
+    torch.manual_seed(0)
+    model = CoverageNAT(CoverageNATConfig(vocab_size=tok.vocab_size, d_model=32, n_heads=4, d_ff=64,
+                                          encoder_layers=1, decoder_layers=2, dropout=0.0, max_length_offset=16))
+    cfg = TrainConfig(lr=3e-3, warmup_steps=2, max_tokens=400, max_epochs=2, patience=0, log_every=1, progress=False)
+    history = Trainer(model, tok, encoded, encoded, corpus.target, cfg, torch.device("cpu"), tmp_path / "run").train()
+    assert [r["epoch"] for r in history if r["kind"] == "valid"] == [1, 2]
+    hyps = translate_encoded(model, tok, encoded, torch.device("cpu"), GenerationConfig(beam_size=4))
+    batch = collate(encoded, range(len(encoded)))
+    expected = [tok.decode(ids) for ids in generate_nat(model, batch.sources, batch.source_masks,
+                                                         forbidden=[tok.pad_id, tok.bos_id])]
+    assert hyps == expected

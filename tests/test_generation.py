@@ -70,3 +70,34 @@ def test_beam_search_finds_the_exhaustive_best_on_a_tiny_space():
     candidates = [list(c) for n in range(0, 3) for c in itertools.product([4, 5], repeat=n)]
     scores = {tuple(c): sequence_logprob(model, src, mask, c) for c in candidates}
     assert tuple(best) == max(scores, key=scores.get)
+
+
+def test_sequence_log_probs_equal_the_greedy_steps_and_ignore_padding():
+    from msgcore.generation import sequence_log_probs, step_log_probs
+
+    model, ((src,), (mask,)) = tiny_model(), sources()
+    hyps = greedy_search(model, [src], [mask], BOS, EOS, GenerationConfig(beam_size=1, max_len_b=4))
+    logp, lengths = sequence_log_probs(model, [src], [mask], BOS, EOS, hyps)
+    assert lengths.tolist() == [len(h) + 1 for h in hyps]
+    for i, hyp in enumerate(hyps):  # recompute row i alone, step by step over the KV cache
+        memory = model.encode([src[i:i + 1]], [mask[i:i + 1]])
+        tokens, cache, total = torch.tensor([[BOS]]), None, 0.0
+        for step, token in enumerate([*hyp, EOS]):
+            step_logp, cache = step_log_probs(model, tokens, memory, cache, step)
+            total += step_logp[0, token].item()
+            tokens = torch.cat([tokens, torch.tensor([[token]])], 1)
+        assert abs(logp[i].item() - total) < 1e-4
+
+
+def test_rescore_picks_the_best_candidate_per_token():
+    from msgcore.generation import rescore, sequence_log_probs
+
+    model, ((src,), (mask,)) = tiny_model(), sources()
+    candidates = [[[5, 6], [7], [8, 9, 10]] for _ in range(src.size(0))]
+    chosen = rescore(model, [src], [mask], BOS, EOS, candidates)
+    for i in range(src.size(0)):
+        scores = []
+        for hyp in candidates[i]:
+            logp, n = sequence_log_probs(model, [src[i:i + 1]], [mask[i:i + 1]], BOS, EOS, [hyp])
+            scores.append((logp / n).item())
+        assert chosen[i] == candidates[i][max(range(3), key=scores.__getitem__)]

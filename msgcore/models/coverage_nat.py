@@ -291,6 +291,12 @@ class CoverageNAT(Transformer):
         iterations = self.cfg.coverage_iterations if iterations is None else iterations
         return self.decoder(target_mask, memory, iterations, need_weights)
 
+    def generate(self, sources: list[Tensor], source_masks: list[Tensor], prefix_id: int, eos_id: int,
+                 cfg=None, forbidden: Sequence[int] = ()) -> list[list[int]]:
+        """The translation hook (`translate_encoded`, the Trainer's dev BLEU): parallel argmax decoding
+        at the predicted length with K_dec = K_train. The search settings `cfg` do not apply."""
+        return generate_nat(self, sources, source_masks, forbidden=forbidden)
+
     def forward(self, batch) -> Tensor:
         """Logits (B, T, V) for batch.target_out, decoded from the reference length (K = K_train)."""
         memory = self.encode(batch.sources, batch.source_masks)
