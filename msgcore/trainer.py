@@ -36,6 +36,7 @@ CHECKPOINT_KEYS = ("model", "model_class", "model_config", "optimizer", "schedul
 class TrainConfig:
     lr: float = 5e-4  # peak learning rate, reached at the end of warmup
     warmup_steps: int = 1000  # linear warmup, then inverse square-root decay
+    schedule: str = "inverse_sqrt"  # "inverse_sqrt", or "constant" (lr from the first step, e.g. a fine-tuning phase)
     betas: tuple[float, float] = (0.9, 0.98)  # Adam betas (§5.3)
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     label_smoothing: float = 0.1  # epsilon_ls (§5.4)
@@ -70,6 +71,15 @@ def inverse_sqrt(warmup_steps: int):
         step = step + 1
         return min(step / warmup_steps, math.sqrt(warmup_steps / step))
     return factor
+
+
+def lr_schedule(name: str, warmup_steps: int):
+    """The LambdaLR multiplier named by TrainConfig.schedule."""
+    if name == "constant":
+        return lambda step: 1.0
+    if name == "inverse_sqrt":
+        return inverse_sqrt(warmup_steps)
+    raise TrainingError(f"unknown schedule {name!r}; use 'inverse_sqrt' or 'constant'")
 
 
 def rng_state() -> dict:
@@ -114,7 +124,7 @@ class Trainer:
         groups = [{"params": g["params"], "lr": cfg.lr * g.get("lr_scale", 1.0)} for g in model.parameter_groups()]
         self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8,
                                            weight_decay=cfg.weight_decay, fused=device.type == "cuda")
-        self.scheduler = LambdaLR(self.optimizer, inverse_sqrt(cfg.warmup_steps))
+        self.scheduler = LambdaLR(self.optimizer, lr_schedule(cfg.schedule, cfg.warmup_steps))
         self.state = TrainState()
         self.amp_dtype = self.resolve_amp(cfg.amp, device)
 

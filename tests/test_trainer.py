@@ -126,3 +126,13 @@ def test_inverse_sqrt_schedule():
     assert factor(0) == pytest.approx(0.01)
     assert factor(99) == pytest.approx(1.0)
     assert factor(399) == pytest.approx(0.5)
+
+
+def test_constant_schedule_and_unknown_schedule_error():
+    from msgcore.trainer import lr_schedule
+    from msgcore.utils import TrainingError
+
+    assert [lr_schedule("constant", 100)(step) for step in (0, 50, 5000)] == [1.0, 1.0, 1.0]
+    assert lr_schedule("inverse_sqrt", 100)(99) == 1.0
+    with pytest.raises(TrainingError, match="unknown schedule 'cosine'"):
+        lr_schedule("cosine", 100)

@@ -1,0 +1,186 @@
+"""Coverage-NAT's recipes (Shan, Feng, Shao 2021): distillation, two-phase training, decoding, analyses.
+
+    teacher   an autoregressive Transformer (chapter 0's recipe) that translates the training set
+    KD        sequence-level knowledge distillation: the NAT models learn the teacher's outputs
+    phase 1   L_mle + alpha * L_length until convergence                                  §III-D
+    phase 2   + beta * L_coverage (SCA), fine-tuned at a small constant learning rate     §III-D
+    decoding  argmax at the predicted length, or length parallel decoding (LPD) with l
+              candidates rescored by the teacher; BLEU is always reported with and without
+              the removal of consecutive repeats (the paper's claim is about repeats)
+The chapter notebook calls these and tabulates; a GPU user can run the same functions as a script.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batches
+from msgcore.experiments import RunResult, TranslationData, train_model
+from msgcore.generation import GenerationConfig, rescore
+from msgcore.metrics import corpus_score
+from msgcore.model import PRESETS
+from msgcore.models.coverage_nat import (CoverageNAT, CoverageNATConfig, generate_lpd, generate_nat,
+                                         remove_consecutive_repeats, repeat_ratio)
+from msgcore.trainer import TrainConfig, translate_encoded
+from msgcore.utils import MsgcoreError
+
+
+@dataclass
+class NATScale:
+    preset: str  # model preset of the teacher and the NAT models (msgcore.model.PRESETS)
+    model: dict  # overrides of the preset and of CoverageNATConfig, e.g. dropout, max_length_offset
+    teacher: TrainConfig  # the autoregressive teacher
+    phase1: TrainConfig  # NAT phase 1: MLE + length loss
+    phase2: TrainConfig  # NAT phase 2: + SCA at a small constant learning rate
+    coverage_iterations: int = 5  # K_train of Coverage-NAT (the paper's main setting)
+    beta: float = 0.5  # SCA loss weight in phase 2
+    teacher_beam: int = 5  # beam of the distillation and of the AT row of Table II
+    lpd_candidates: int = 9  # l of length parallel decoding
+    vocab_size: int = 8000  # joint sentencepiece vocabulary
+    train_examples: int = 0  # first N training pairs (0 = all)
+    eval_examples: int = 0  # first N dev/test sentences (0 = all)
+    latency_sentences: int = 200  # sentences timed one by one for latency
+    notes: str = ""  # what a reader should know about this scale
+
+
+def nat_config(data: TranslationData, scale: NATScale, **fields) -> CoverageNATConfig:
+    """The NAT model's config: the scale's preset and the paper's settings, overridden by `fields`."""
+    if scale.preset not in PRESETS:
+        raise MsgcoreError(f"unknown preset {scale.preset!r}; choose one of {sorted(PRESETS)}")
+    tok = data.tokenizer
+    return CoverageNATConfig(**{**PRESETS[scale.preset], "vocab_size": tok.vocab_size, "pad_id": tok.pad_id,
+                                "unk_id": tok.unk_id, "eos_id": tok.eos_id,
+                                "coverage_iterations": scale.coverage_iterations, **scale.model, **fields})
+
+
+# ---- knowledge distillation ------------------------------------------------------------------
+
+def distill(teacher, data: TranslationData, scale: NATScale, device: torch.device, split: str = "train") -> EncodedCorpus:
+    """Sequence-level KD (Kim and Rush 2016): the split's sources with the teacher's beam outputs as targets."""
+    encoded = data.encoded[split]
+    hyps = translate_encoded(teacher, data.tokenizer, encoded, device, GenerationConfig(beam_size=scale.teacher_beam))
+    targets = [ids if ids else [data.tokenizer.unk_id] for ids in data.tokenizer.encode_batch(hyps)]
+    return EncodedCorpus(encoded.sources, targets, encoded.target_prefix, encoded.eos_id)
+
+
+# ---- two-phase training ------------------------------------------------------------------------
+
+def train_nat(data: TranslationData, scale: NATScale, device: torch.device, out_dir: Path, seed: int = 0,
+              train: EncodedCorpus | None = None, beta: float | None = None,
+              **fields) -> tuple[RunResult, RunResult | None]:
+    """Phase 1, then phase 2 with SCA weight `beta` (default: the scale's); no phase 2 when beta = 0
+    or for NAT-Base (`use_coverage=False`). `train` is e.g. the distilled corpus. Returns both runs."""
+    torch.manual_seed(seed)
+    model = CoverageNAT(nat_config(data, scale, **fields))
+    phase1 = train_model(model, data, replace(scale.phase1, seed=seed), device, out_dir / "phase1", train=train)
+    beta = scale.beta if beta is None else beta
+    if beta == 0 or not model.cfg.use_coverage:
+        return phase1, None
+    model = CoverageNAT(replace(phase1.model.cfg, coverage_weight=beta))  # Eq. (15) with beta > 0
+    model.load_state_dict(phase1.model.state_dict())
+    phase2 = train_model(model, data, replace(scale.phase2, seed=seed), device, out_dir / "phase2", train=train)
+    return phase1, phase2
+
+
+# ---- decoding ---------------------------------------------------------------------------------
+
+@torch.no_grad()
+def translate_nat(model: CoverageNAT, data: TranslationData, split: str, device: torch.device,
+                  iterations: int | None = None, max_tokens: int = 6000) -> list[list[int]]:
+    """Parallel argmax decoding of a split (K_dec = `iterations`), token ids with repeats kept, in order."""
+    encoded, tok = data.encoded[split], data.tokenizer
+    outputs: list[list[int]] = [[] for _ in range(len(encoded))]
+    for idx in token_batches(example_lengths(encoded), max_tokens, shuffle=False):
+        batch = collate(encoded, idx).to(device)
+        for i, ids in zip(idx, generate_nat(model, batch.sources, batch.source_masks, iterations,
+                                            forbidden=[tok.pad_id, tok.bos_id])):
+            outputs[i] = ids
+    return outputs
+
+
+@torch.no_grad()
+def translate_lpd(model: CoverageNAT, teacher, data: TranslationData, split: str, scale: NATScale,
+                  device: torch.device, iterations: int | None = None, max_tokens: int = 2000) -> list[list[int]]:
+    """Length parallel decoding: l candidates per sentence, the teacher keeps its favourite."""
+    encoded, tok = data.encoded[split], data.tokenizer
+    outputs: list[list[int]] = [[] for _ in range(len(encoded))]
+    for idx in token_batches(example_lengths(encoded), max_tokens, shuffle=False):
+        batch = collate(encoded, idx).to(device)
+        candidates = generate_lpd(model, batch.sources, batch.source_masks, scale.lpd_candidates, iterations,
+                                  forbidden=[tok.pad_id, tok.bos_id])
+        chosen = rescore(teacher, batch.sources, batch.source_masks, encoded.target_prefix, tok.eos_id, candidates,
+                         tok.pad_id)
+        for i, ids in zip(idx, chosen):
+            outputs[i] = ids
+    return outputs
+
+
+def bleu_with_and_without_dedup(outputs: list[list[int]], data: TranslationData, split: str) -> dict[str, float]:
+    """BLEU of the raw outputs, BLEU after removing consecutive repeats, and the repeat ratio (%)."""
+    refs, tok = data.corpora[split].target[:len(outputs)], data.tokenizer
+    raw = [tok.decode(ids) for ids in outputs]
+    dedup = [tok.decode(remove_consecutive_repeats(ids)) for ids in outputs]
+    return {"BLEU": corpus_score("bleu", raw, refs).score, "BLEU (dedup)": corpus_score("bleu", dedup, refs).score,
+            "repeats %": repeat_ratio(outputs)}
+
+
+# ---- latency ------------------------------------------------------------------------------------
+
+def latency(translate_one: Callable[[int], object], n: int, device: torch.device, warmup: int = 5) -> float:
+    """Median seconds to translate one sentence (batch size 1) over sentences 0..n-1, after `warmup`
+    untimed calls; on CUDA the device is synchronised before each clock read."""
+    if n < 1:
+        raise MsgcoreError("latency needs at least one sentence")
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for i in range(min(warmup, n)):
+        translate_one(i)
+    times = []
+    for i in range(n):
+        sync()
+        start = time.perf_counter()
+        translate_one(i)
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def single_batch(data: TranslationData, split: str, i: int, device: torch.device):
+    """Sentence i of a split as a batch of one."""
+    return collate(data.encoded[split], [i]).to(device)
+
+
+# ---- analyses -------------------------------------------------------------------------------------
+
+def source_lengths(data: TranslationData, split: str) -> list[int]:
+    """Source length of each example, in pieces (without </s>)."""
+    return [len(ids) - 1 for ids in data.encoded[split].sources[0]]
+
+
+def repeats_by_half(outputs: Sequence[Sequence[int]], lengths: Sequence[int]) -> dict[str, float]:
+    """Table IV: repeat ratio on the shorter half, the longer half and all sentences (split at the
+    median source length; ties go to the short half)."""
+    median = statistics.median(lengths)
+    short = [o for o, n in zip(outputs, lengths) if n <= median]
+    long = [o for o, n in zip(outputs, lengths) if n > median]
+    return {"short": repeat_ratio(short), "long": repeat_ratio(long), "all": repeat_ratio(outputs)}
+
+
+def bleu_by_length(hyps: Sequence[str], refs: Sequence[str], lengths: Sequence[int],
+                   edges: Sequence[int]) -> dict[str, float]:
+    """Figure 3: BLEU per source-length bucket [edges[i], edges[i+1]); the last bucket is open."""
+    buckets = {}
+    for lo, hi in zip(edges, [*edges[1:], None]):
+        rows = [i for i, n in enumerate(lengths) if n >= lo and (hi is None or n < hi)]
+        name = f"{lo}-{hi - 1}" if hi is not None else f"{lo}+"
+        if rows:
+            buckets[name] = corpus_score("bleu", [hyps[i] for i in rows], [refs[i] for i in rows]).score
+    return buckets
