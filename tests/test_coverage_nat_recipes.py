@@ -85,3 +85,13 @@ def test_repeats_by_half_and_bleu_by_length():
     buckets = bleu_by_length(["a b c d", "x y z w", "a b c d"], ["a b c d", "a b c d", "a b c d"], [3, 12, 25], [0, 10, 20])
     assert list(buckets) == ["0-9", "10-19", "20+"]
     assert buckets["0-9"] == pytest.approx(100) and buckets["10-19"] == pytest.approx(0)
+
+
+def test_limit_eval_splits_keeps_train_whole(data):
+    from msgcore.experiments.coverage_nat import limit_eval_splits
+
+    small = limit_eval_splits(data, 3)
+    assert len(small.corpora["train"]) == 40 and len(small.encoded["train"]) == 40
+    assert len(small.corpora["val"]) == 3 and len(small.encoded["val"]) == 3
+    assert small.encoded["val"].sources[0] == data.encoded["val"].sources[0][:3]
+    assert limit_eval_splits(data, 0) is data

@@ -20,10 +20,10 @@ from typing import Callable, Sequence
 import torch
 
 from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batches
-from msgcore.experiments import RunResult, TranslationData, train_model
+from msgcore.experiments import RunResult, Scale, TranslationData, train_model
 from msgcore.generation import GenerationConfig, rescore
 from msgcore.metrics import corpus_score
-from msgcore.model import PRESETS
+from msgcore.model import PRESETS, TransformerConfig
 from msgcore.models.coverage_nat import (CoverageNAT, CoverageNATConfig, generate_lpd, generate_nat,
                                          remove_consecutive_repeats, repeat_ratio)
 from msgcore.trainer import TrainConfig, translate_encoded
@@ -39,13 +39,52 @@ class NATScale:
     phase2: TrainConfig  # NAT phase 2: + SCA at a small constant learning rate
     coverage_iterations: int = 5  # K_train of Coverage-NAT (the paper's main setting)
     beta: float = 0.5  # SCA loss weight in phase 2
-    teacher_beam: int = 5  # beam of the distillation and of the AT row of Table II
+    teacher_beam: int = 5  # beam of the teacher when it translates the training set (distillation)
+    test_beam: int = 5  # beam of the AT row of Table II (BLEU and latency)
     lpd_candidates: int = 9  # l of length parallel decoding
     vocab_size: int = 8000  # joint sentencepiece vocabulary
     train_examples: int = 0  # first N training pairs (0 = all)
     eval_examples: int = 0  # first N dev/test sentences (0 = all)
     latency_sentences: int = 200  # sentences timed one by one for latency
     notes: str = ""  # what a reader should know about this scale
+
+
+    def baseline(self) -> Scale:
+        """The chapter-0 scale of the teacher (data sizes, vocabulary, beam)."""
+        return Scale(self.preset, {k: v for k, v in self.model.items() if k in TransformerConfig.__dataclass_fields__},
+                     self.teacher, vocab_size=self.vocab_size, train_examples=self.train_examples,
+                     test_examples=self.eval_examples, beam_size=self.test_beam)
+
+
+def _steps(steps: int, **kw) -> TrainConfig:
+    """`steps` updates, validated three times (dev BLEU picks the checkpoint)."""
+    base = dict(lr=1e-3, warmup_steps=max(steps // 10, 1), max_tokens=1536, max_epochs=1000, max_steps=steps,
+                validate_every=max(steps // 3, 1), patience=0, valid_max_sentences=300,
+                log_every=max(steps // 20, 1), progress=False)
+    return TrainConfig(**{**base, **kw})
+
+
+NAT_SCALES: dict[str, NATScale] = {
+    "smoke": NATScale("tiny", dict(d_model=64, d_ff=128, n_heads=2, dropout=0.1, max_length_offset=32),
+                      teacher=_steps(30), phase1=_steps(20), phase2=_steps(4, lr=1e-4, schedule="constant"),
+                      teacher_beam=1, test_beam=2, lpd_candidates=3, vocab_size=1500, train_examples=2000, eval_examples=40,
+                      latency_sentences=10, notes="CI only: checks that the chapter runs end to end; its numbers mean nothing."),
+    "small": NATScale("tiny", dict(dropout=0.1, max_length_offset=32),
+                      teacher=_steps(650, valid_max_sentences=300), phase1=_steps(250),
+                      phase2=_steps(40, lr=1e-4, schedule="constant"),
+                      teacher_beam=1, lpd_candidates=5, vocab_size=8000, latency_sentences=100,
+                      notes="2 CPU cores, about 30 minutes: De→En only, a teacher of about 2 epochs, NAT models of "
+                            "250 + 40 updates (under one epoch), greedy distillation. Nothing converges."),
+    "full": NATScale("small", dict(dropout=0.1, max_length_offset=64),
+                     teacher=_steps(30000, max_tokens=8192, lr=5e-4, warmup_steps=2000, validate_every=1000,
+                                    valid_max_sentences=0, patience=8),
+                     phase1=_steps(60000, max_tokens=8192, lr=5e-4, warmup_steps=4000, validate_every=2000,
+                                   valid_max_sentences=0, patience=10),
+                     phase2=_steps(4000, max_tokens=8192, lr=1e-5, schedule="constant", validate_every=500,
+                                   valid_max_sentences=0),
+                     teacher_beam=5, lpd_candidates=9, vocab_size=8000, latency_sentences=1000,
+                     notes="One GPU: both directions' models trained to early stopping on dev BLEU."),
+}
 
 
 def nat_config(data: TranslationData, scale: NATScale, **fields) -> CoverageNATConfig:
@@ -56,6 +95,16 @@ def nat_config(data: TranslationData, scale: NATScale, **fields) -> CoverageNATC
     return CoverageNATConfig(**{**PRESETS[scale.preset], "vocab_size": tok.vocab_size, "pad_id": tok.pad_id,
                                 "unk_id": tok.unk_id, "eos_id": tok.eos_id,
                                 "coverage_iterations": scale.coverage_iterations, **scale.model, **fields})
+
+
+def limit_eval_splits(data: TranslationData, n: int) -> TranslationData:
+    """Keep the first `n` sentences of every split but "train" (n = 0: keep everything)."""
+    if not n:
+        return data
+    corpora = {s: c if s == "train" else c.subset(range(min(n, len(c)))) for s, c in data.corpora.items()}
+    encoded = {s: e if s == "train" else EncodedCorpus([col[:n] for col in e.sources], e.target[:n], e.target_prefix,
+                                                       e.eos_id) for s, e in data.encoded.items()}
+    return replace(data, corpora=corpora, encoded=encoded)
 
 
 # ---- knowledge distillation ------------------------------------------------------------------
@@ -81,10 +130,15 @@ def train_nat(data: TranslationData, scale: NATScale, device: torch.device, out_
     beta = scale.beta if beta is None else beta
     if beta == 0 or not model.cfg.use_coverage:
         return phase1, None
-    model = CoverageNAT(replace(phase1.model.cfg, coverage_weight=beta))  # Eq. (15) with beta > 0
-    model.load_state_dict(phase1.model.state_dict())
-    phase2 = train_model(model, data, replace(scale.phase2, seed=seed), device, out_dir / "phase2", train=train)
-    return phase1, phase2
+    return phase1, train_phase2(phase1.model, data, scale, device, out_dir / "phase2", seed, beta, train)
+
+
+def train_phase2(phase1: CoverageNAT, data: TranslationData, scale: NATScale, device: torch.device, out_dir: Path,
+                 seed: int = 0, beta: float | None = None, train: EncodedCorpus | None = None) -> RunResult:
+    """Phase 2 (§III-D): a copy of the phase-1 model fine-tuned with the SCA loss weighted by `beta`."""
+    model = CoverageNAT(replace(phase1.cfg, coverage_weight=scale.beta if beta is None else beta))  # Eq. (15)
+    model.load_state_dict(phase1.state_dict())
+    return train_model(model, data, replace(scale.phase2, seed=seed), device, out_dir, train=train)
 
 
 # ---- decoding ---------------------------------------------------------------------------------
