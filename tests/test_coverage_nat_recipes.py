@@ -95,3 +95,32 @@ def test_limit_eval_splits_keeps_train_whole(data):
     assert len(small.corpora["val"]) == 3 and len(small.encoded["val"]) == 3
     assert small.encoded["val"].sources[0] == data.encoded["val"].sources[0][:3]
     assert limit_eval_splits(data, 0) is data
+
+
+def test_a_direction_trains_its_teacher_and_distils_with_it(data, tmp_path):
+    from msgcore.experiments.coverage_nat import train_direction
+
+    direction = train_direction(data, SCALE, CPU, tmp_path, split="val")
+    assert direction.name == "Xa→Xt" and direction.key == "xa-xt"
+    assert (tmp_path / "teacher" / "best.pt").is_file()
+    hyps = translate_encoded(direction.teacher, data.tokenizer, data.encoded["val"], CPU,
+                             GenerationConfig(beam_size=SCALE.test_beam))
+    assert direction.teacher_hyps == hyps
+    assert direction.distilled.target == distill(direction.teacher, data, SCALE, CPU).target
+
+
+def test_table2_scores_every_seed_and_times_every_system(data, tmp_path):
+    from msgcore.experiments.coverage_nat import AT, lpd_name, table2, train_direction, train_main_systems
+
+    direction = train_direction(data, SCALE, CPU, tmp_path, split="val")
+    runs = train_main_systems(direction, SCALE, CPU, tmp_path, seeds=(0, 1))
+    assert set(runs) == {(name, s) for name in ("NAT-Base", "Coverage-NAT w/o SCA", "Coverage-NAT") for s in (0, 1)}
+    assert runs["Coverage-NAT", 1].model.cfg.coverage_weight == SCALE.beta
+    table = table2(direction, runs, SCALE, CPU, seeds=(0, 1), n_latency=3)
+    systems = [AT, "NAT-Base", "Coverage-NAT", lpd_name(SCALE)]
+    assert list(table.scores) == systems and set(table.latency) == set(systems)
+    assert [len(table.scores[name]) for name in systems] == [1, 2, 2, 1]
+    assert table.outputs["Coverage-NAT", 1] == translate_nat(runs["Coverage-NAT", 1].model, data, "val", CPU)
+    frame = table.frame()
+    assert frame.loc[AT, "speedup"] == "1.0×" and frame.loc["NAT-Base", "runs"] == 2
+    assert "±" in frame.loc["NAT-Base", "BLEU"] and "±" not in frame.loc[AT, "BLEU"]

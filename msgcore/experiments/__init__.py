@@ -7,6 +7,7 @@ stages live beside it (e.g. `msgcore.experiments.trice`).
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -177,3 +178,11 @@ def verdict(deltas: list[float], p_values: list[float], higher_is_better: bool =
     if deltas and all(worse):
         return "not reproduced"
     return "inconclusive"
+
+
+def mean_std(values) -> str:
+    """"mean ± std" over runs (seeds), with two decimals; just the value for a single run."""
+    values = list(values)
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"

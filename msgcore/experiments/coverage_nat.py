@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
+import pandas as pd
 import torch
 
 from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batches
-from msgcore.experiments import RunResult, Scale, TranslationData, train_model
+from msgcore.experiments import (RunResult, Scale, TranslationData, evaluate, mean_std, train_model,
+                                 train_translation)
 from msgcore.generation import GenerationConfig, rescore
-from msgcore.metrics import corpus_score
-from msgcore.model import PRESETS, TransformerConfig
+from msgcore.metrics import Score, corpus_score
+from msgcore.model import PRESETS, Transformer, TransformerConfig
 from msgcore.models.coverage_nat import (CoverageNAT, CoverageNATConfig, generate_lpd, generate_nat,
                                          remove_consecutive_repeats, repeat_ratio)
 from msgcore.trainer import TrainConfig, translate_encoded
@@ -46,6 +48,7 @@ class NATScale:
     train_examples: int = 0  # first N training pairs (0 = all)
     eval_examples: int = 0  # first N dev/test sentences (0 = all)
     latency_sentences: int = 200  # sentences timed one by one for latency
+    directions: tuple[tuple[str, str], ...] = (("de", "en"),)  # Multi30k (source, target); the first gets every analysis
     notes: str = ""  # what a reader should know about this scale
 
 
@@ -68,7 +71,8 @@ NAT_SCALES: dict[str, NATScale] = {
     "smoke": NATScale("tiny", dict(d_model=64, d_ff=128, n_heads=2, dropout=0.1, max_length_offset=32),
                       teacher=_steps(30), phase1=_steps(20), phase2=_steps(4, lr=1e-4, schedule="constant"),
                       teacher_beam=1, test_beam=2, lpd_candidates=3, vocab_size=1500, train_examples=2000, eval_examples=40,
-                      latency_sentences=10, notes="CI only: checks that the chapter runs end to end; its numbers mean nothing."),
+                      latency_sentences=10, directions=(("de", "en"), ("en", "de")),
+                      notes="CI only: checks that the chapter runs end to end; its numbers mean nothing."),
     "small": NATScale("tiny", dict(dropout=0.1, max_length_offset=32),
                       teacher=_steps(650, valid_max_sentences=300), phase1=_steps(250),
                       phase2=_steps(40, lr=1e-4, schedule="constant"),
@@ -83,7 +87,9 @@ NAT_SCALES: dict[str, NATScale] = {
                      phase2=_steps(4000, max_tokens=8192, lr=1e-5, schedule="constant", validate_every=500,
                                    valid_max_sentences=0),
                      teacher_beam=5, lpd_candidates=9, vocab_size=8000, latency_sentences=1000,
-                     notes="One GPU: both directions' models trained to early stopping on dev BLEU."),
+                     directions=(("de", "en"), ("en", "de")),
+                     notes="One GPU: both directions' models trained to early stopping on dev BLEU; Table II for "
+                           "both directions, the analyses on De→En."),
 }
 
 
@@ -139,6 +145,57 @@ def train_phase2(phase1: CoverageNAT, data: TranslationData, scale: NATScale, de
     model = CoverageNAT(replace(phase1.cfg, coverage_weight=scale.beta if beta is None else beta))  # Eq. (15)
     model.load_state_dict(phase1.state_dict())
     return train_model(model, data, replace(scale.phase2, seed=seed), device, out_dir, train=train)
+
+
+# ---- one direction: the teacher, distillation and Table II's NAT models ----------------------------
+
+@dataclass
+class Direction:
+    """One translation direction: its data, the autoregressive teacher and the distilled training set."""
+
+    data: TranslationData
+    teacher: Transformer  # the AT model: it distils, is Table II's AT row, and rescores LPD candidates
+    teacher_hyps: list[str]  # its beam outputs on `split`
+    teacher_scores: dict[str, Score]  # their BLEU and chrF (msgcore.experiments.evaluate)
+    distilled: EncodedCorpus  # the training sources with the teacher's translations as targets
+    distill_minutes: float  # wall time of the distillation
+    split: str = "test_2016_flickr"  # the test split of Table II
+
+    @property
+    def name(self) -> str:
+        """E.g. "De→En"."""
+        train = self.data.corpora["train"]
+        return f"{train.source_langs[0].title()}→{train.target_lang.title()}"
+
+    @property
+    def key(self) -> str:
+        """E.g. "de-en", for folder names."""
+        train = self.data.corpora["train"]
+        return f"{train.source_langs[0]}-{train.target_lang}"
+
+
+def train_direction(data: TranslationData, scale: NATScale, device: torch.device, out_dir: Path, seed: int = 0,
+                    split: str = "test_2016_flickr") -> Direction:
+    """Train the teacher (chapter 0's recipe with the scale's settings), test it on `split`, distil the training set."""
+    baseline = scale.baseline()
+    teacher = train_translation(data, baseline, device, Path(out_dir) / "teacher", seed=seed).model
+    hyps, scores = evaluate(teacher, data, split, baseline, device)
+    start = time.perf_counter()
+    distilled = distill(teacher, data, scale, device)
+    return Direction(data, teacher, hyps, scores, distilled, (time.perf_counter() - start) / 60, split)
+
+
+def train_main_systems(direction: Direction, scale: NATScale, device: torch.device, out_dir: Path,
+                       seeds: Sequence[int]) -> dict[tuple[str, int], RunResult]:
+    """Table II's NAT models for each seed, on the distilled data: NAT-Base, and Coverage-NAT (K_train and
+    beta from the scale) whose phase-1 model is "Coverage-NAT w/o SCA". Keyed (system, seed)."""
+    data, train = direction.data, direction.distilled
+    runs = {}
+    for s in seeds:
+        runs["NAT-Base", s] = train_nat(data, scale, device, out_dir / f"base-{s}", s, train=train, use_coverage=False)[0]
+        phase1, phase2 = train_nat(data, scale, device, out_dir / f"cov-{s}", s, train=train)
+        runs["Coverage-NAT w/o SCA", s], runs["Coverage-NAT", s] = phase1, phase2
+    return runs
 
 
 # ---- decoding ---------------------------------------------------------------------------------
@@ -210,6 +267,89 @@ def latency(translate_one: Callable[[int], object], n: int, device: torch.device
 def single_batch(data: TranslationData, split: str, i: int, device: torch.device):
     """Sentence i of a split as a batch of one."""
     return collate(data.encoded[split], [i]).to(device)
+
+
+def at_latency(teacher, data: TranslationData, split: str, beam: int, device: torch.device, n: int) -> float:
+    """Median seconds per sentence of the autoregressive teacher's beam search, batch size 1."""
+    cfg, prefix, eos = GenerationConfig(beam_size=beam), data.encoded[split].target_prefix, data.tokenizer.eos_id
+
+    def translate_one(i):
+        batch = single_batch(data, split, i, device)
+        teacher.generate(batch.sources, batch.source_masks, prefix, eos, cfg)
+    return latency(translate_one, n, device)
+
+
+def nat_latency(model: CoverageNAT, data: TranslationData, split: str, device: torch.device, n: int,
+                iterations: int | None = None) -> float:
+    """Median seconds per sentence of parallel argmax decoding (K_dec = `iterations`), batch size 1."""
+    def translate_one(i):
+        batch = single_batch(data, split, i, device)
+        generate_nat(model, batch.sources, batch.source_masks, iterations)
+    return latency(translate_one, n, device)
+
+
+def lpd_latency(model: CoverageNAT, teacher, data: TranslationData, split: str, scale: NATScale,
+                device: torch.device, n: int) -> float:
+    """Median seconds per sentence of LPD (l candidates) plus the teacher's rescoring, batch size 1."""
+    prefix, eos = data.encoded[split].target_prefix, data.tokenizer.eos_id
+
+    def translate_one(i):
+        batch = single_batch(data, split, i, device)
+        candidates = generate_lpd(model, batch.sources, batch.source_masks, scale.lpd_candidates)
+        rescore(teacher, batch.sources, batch.source_masks, prefix, eos, candidates)
+    return latency(translate_one, n, device)
+
+
+# ---- Table II -------------------------------------------------------------------------------------
+
+AT = "Transformer (AT)"
+
+
+def lpd_name(scale: NATScale) -> str:
+    return f"Coverage-NAT + LPD (l={scale.lpd_candidates}) + AT rescoring"
+
+
+@dataclass
+class Table2:
+    """Table II for one direction: quality per run (seed) and latency of the first seed's models."""
+
+    outputs: dict[tuple[str, int], list[list[int]]] = field(default_factory=dict)  # (system, seed) -> ids, repeats kept
+    scores: dict[str, list[dict[str, float]]] = field(default_factory=dict)  # system -> one score row per run
+    latency: dict[str, float] = field(default_factory=dict)  # system -> median seconds per sentence
+
+    def frame(self) -> pd.DataFrame:
+        """BLEU, BLEU after dedup and repeats (mean ± std over runs), latency and speedup over the AT row."""
+        at = self.latency[AT]
+        return pd.DataFrame({name: {"runs": len(rows), **{m: mean_std(r[m] for r in rows)
+                                                         for m in ("BLEU", "BLEU (dedup)", "repeats %")},
+                                    "latency (ms)": f"{1000 * self.latency[name]:.1f}",
+                                    "speedup": f"{at / self.latency[name]:.1f}×"}
+                             for name, rows in self.scores.items()}).T
+
+
+def table2(direction: Direction, runs: dict[tuple[str, int], RunResult], scale: NATScale, device: torch.device,
+           seeds: Sequence[int], n_latency: int) -> Table2:
+    """Translate the direction's test split with every system of Table II and time each at batch size 1.
+
+    NAT-Base and Coverage-NAT are scored for every seed; the AT teacher and LPD (on the first seed's
+    Coverage-NAT) once. Latency uses the first seed's models and the first `n_latency` sentences.
+    """
+    data, split, teacher, first = direction.data, direction.split, direction.teacher, seeds[0]
+    table = Table2()
+    table.outputs[AT, first] = data.tokenizer.encode_batch(direction.teacher_hyps)
+    for name in ("NAT-Base", "Coverage-NAT"):
+        for s in seeds:
+            table.outputs[name, s] = translate_nat(runs[name, s].model, data, split, device)
+    coverage_nat = runs["Coverage-NAT", first].model
+    table.outputs[lpd_name(scale), first] = translate_lpd(coverage_nat, teacher, data, split, scale, device)
+    for (name, _), ids in table.outputs.items():
+        table.scores.setdefault(name, []).append(bleu_with_and_without_dedup(ids, data, split))
+    n = min(n_latency, len(data.encoded[split]))
+    table.latency = {AT: at_latency(teacher, data, split, scale.test_beam, device, n),
+                     "NAT-Base": nat_latency(runs["NAT-Base", first].model, data, split, device, n),
+                     "Coverage-NAT": nat_latency(coverage_nat, data, split, device, n),
+                     lpd_name(scale): lpd_latency(coverage_nat, teacher, data, split, scale, device, n)}
+    return table
 
 
 # ---- analyses -------------------------------------------------------------------------------------
