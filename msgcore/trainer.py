@@ -7,9 +7,15 @@ Vaswani et al. 2017, §5.3 (Adam, beta2 = 0.98, warmup) and §5.4 (label smoothi
 
 A checkpoint holds the model, optimizer, scheduler, every RNG state and the data position (epoch
 and batch), written atomically; `Trainer.resume` continues exactly where the run stopped.
+
+Launched by torchrun on several processes, the Trainer trains with DistributedDataParallel (see
+msgcore.distributed): each update deals the next world_size * update_freq batches out round-robin, process 0
+validates and checkpoints, and every process resumes from the same global data position. A resumed
+multi-process run re-seeds each process's dropout stream (only a single-process resume is bit-exact).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -19,9 +25,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from tqdm import tqdm
 
+from msgcore import distributed
 from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batches
 from msgcore.generation import GenerationConfig
 from msgcore.metrics import corpus_score
@@ -112,6 +121,17 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
     return checkpoint
 
 
+class LossModule(nn.Module):
+    """`model.loss` as a forward pass, so that DistributedDataParallel can hook it."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch, label_smoothing: float) -> torch.Tensor:
+        return self.model.loss(batch, label_smoothing)
+
+
 class Trainer:
     """Trains `model` on `train_data`; validates dev BLEU on `valid_data` against `valid_refs`."""
 
@@ -127,6 +147,11 @@ class Trainer:
         self.scheduler = LambdaLR(self.optimizer, lr_schedule(cfg.schedule, cfg.warmup_steps))
         self.state = TrainState()
         self.amp_dtype = self.resolve_amp(cfg.amp, device)
+        self.world, self.rank = distributed.world_size(), distributed.rank()
+        self.ddp = None  # the DistributedDataParallel wrapper, when several processes train together
+        if self.world > 1:
+            self.ddp = DistributedDataParallel(LossModule(self.model), device_ids=[device.index] if device.type == "cuda"
+                                               else None, broadcast_buffers=False, find_unused_parameters=True)
 
     @staticmethod
     def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
@@ -141,19 +166,24 @@ class Trainer:
         """The model's summed loss over the real target tokens of one batch (see `Transformer.loss`)."""
         with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
                             enabled=self.amp_dtype is not None):
+            if self.ddp is not None and self.model.training:
+                return self.ddp(batch, self.cfg.label_smoothing)
             return self.model.loss(batch, self.cfg.label_smoothing)
 
-    def train_step(self, batches: list) -> float:
-        """One update over `update_freq` batches; the loss is averaged over all their target tokens."""
+    def train_step(self, batches: list) -> tuple[float, int]:
+        """One update over this process's batches; the loss is averaged over the target tokens of every
+        process's batches. Returns that loss and the token count."""
         self.model.train()
-        n_tokens = sum(b.num_target_tokens for b in batches)
+        n_tokens = distributed.all_reduce_sum(sum(b.num_target_tokens for b in batches), self.device)
         total = 0.0
-        for batch in batches:
-            loss = self.loss_sum(batch) / n_tokens
-            if not torch.isfinite(loss):
-                raise TrainingError(f"loss is {loss.item()} at step {self.state.step + 1} "
-                                    f"(epoch {self.state.epoch + 1}); lower the learning rate or check the data")
-            loss.backward()
+        for i, batch in enumerate(batches):
+            last = i == len(batches) - 1  # DDP all-reduces the gradients on the last backward only
+            with self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext():
+                loss = self.loss_sum(batch) / n_tokens
+                if not torch.isfinite(loss):
+                    raise TrainingError(f"loss is {loss.item()} at step {self.state.step + 1} "
+                                        f"(epoch {self.state.epoch + 1}); lower the learning rate or check the data")
+                (loss * self.world if self.world > 1 else loss).backward()  # DDP averages over processes
             total += loss.item()
         if self.cfg.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
@@ -161,7 +191,7 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
-        return total
+        return distributed.all_reduce_sum(total, self.device), int(n_tokens)
 
     # ---- the loop ----------------------------------------------------------------------
     def epoch_batches(self, epoch: int) -> list[list[int]]:
@@ -175,7 +205,7 @@ class Trainer:
     def train(self) -> list[dict]:
         """Run until max_epochs, max_steps or early stopping; returns the log history."""
         if self.state.step == 0:  # a fresh run; a resumed one restored its RNG states instead
-            torch.manual_seed(self.cfg.seed)
+            torch.manual_seed(self.cfg.seed + self.rank)  # each process its own dropout stream
         while not self.done():
             self.run_epoch()
         self.save_checkpoint(self.out_dir / "last.pt")
@@ -184,21 +214,22 @@ class Trainer:
 
     def run_epoch(self) -> None:
         state, cfg = self.state, self.cfg
-        batches = self.epoch_batches(state.epoch)
+        batches = self.epoch_batches(state.epoch)  # the whole epoch, the same in every process
         bar = tqdm(total=len(batches), initial=state.batch_in_epoch, desc=f"epoch {state.epoch + 1}",
-                   disable=not cfg.progress, leave=False, mininterval=10)
+                   disable=not cfg.progress or self.rank > 0, leave=False, mininterval=10)
         window = {"loss": 0.0, "tokens": 0, "start": time.perf_counter()}
-        while state.batch_in_epoch < len(batches) and not self.done():
-            group = batches[state.batch_in_epoch: state.batch_in_epoch + cfg.update_freq]
+        while state.batch_in_epoch + self.world <= len(batches) and not self.done():  # a short tail is dropped
+            chunk = batches[state.batch_in_epoch: state.batch_in_epoch + cfg.update_freq * self.world]
+            group = chunk[self.rank::self.world]  # this process's share of the update
             batch_group = [collate(self.train_data, idx).to(self.device) for idx in group]
-            loss = self.train_step(batch_group)
-            state.batch_in_epoch += len(group)
-            bar.update(len(group))
-            self.log_train(window, loss, sum(b.num_target_tokens for b in batch_group))
+            loss, tokens = self.train_step(batch_group)
+            state.batch_in_epoch += len(chunk)
+            bar.update(len(chunk))
+            self.log_train(window, loss, tokens)
             if cfg.validate_every and state.step % cfg.validate_every == 0:
                 self.validate()
         bar.close()
-        if state.batch_in_epoch >= len(batches):
+        if state.batch_in_epoch + self.world > len(batches):
             state.epoch, state.batch_in_epoch = state.epoch + 1, 0
             if not cfg.validate_every:
                 self.validate()
@@ -227,9 +258,16 @@ class Trainer:
         return total / n_tokens
 
     def validate(self) -> None:
-        """Dev loss and BLEU; keep the best checkpoint; count validations without improvement."""
+        """Dev loss and BLEU; keep the best checkpoint; count validations without improvement.
+
+        With several processes, process 0 validates and the others take its state (to stop together)."""
         if self.valid_data is None:
             return  # nothing to validate on; train() saves last.pt when it ends
+        if self.rank == 0:
+            self.validate_here()
+        vars(self.state).update(vars(distributed.broadcast_from_main(self.state)))  # in place: callers hold it
+
+    def validate_here(self) -> None:
         limit = self.cfg.valid_max_sentences or len(self.valid_data)
         hypotheses = translate_encoded(self.model, self.tokenizer, self.valid_data, self.device,
                                        GenerationConfig(beam_size=self.cfg.valid_beam), limit=limit,
@@ -247,11 +285,16 @@ class Trainer:
         self.save_log()
 
     def save_log(self) -> None:
+        if self.rank > 0:
+            return
         with atomic_write(self.out_dir / "log.json") as f:
             json.dump(self.state.history, f, indent=1)
 
     # ---- checkpoints ---------------------------------------------------------------------
     def save_checkpoint(self, path: str | Path) -> None:
+        """Write everything `resume` needs, atomically (process 0 only)."""
+        if self.rank > 0:
+            return
         checkpoint = {
             "model": self.model.state_dict(), "model_class": type(self.model).__name__,
             "model_config": self.model.cfg.to_dict(), "optimizer": self.optimizer.state_dict(),
@@ -275,6 +318,8 @@ class Trainer:
         self.scheduler.load_state_dict(checkpoint["scheduler"])
         self.state = TrainState(**checkpoint["state"])
         set_rng_state(checkpoint["rng"])
+        if self.world > 1:  # the checkpoint holds process 0's RNG: give each process a stream of its own
+            torch.manual_seed(self.cfg.seed + 1000 * self.state.step + self.rank)
 
 
 @torch.no_grad()

@@ -90,3 +90,46 @@ def test_freezing_trains_only_the_new_fine_encoder(tmp_path):
     changed = {n for n, p in run.model.named_parameters() if n in before and not torch.equal(p, before[n])}
     assert not changed  # every stage-1 weight is untouched
     assert any(p.requires_grad for p in run.model.fine_encoder.parameters())
+
+
+def test_offline_smoke_runs_fall_back_to_the_synthetic_tasks(tmp_path, monkeypatch):
+    import urllib.error
+
+    from msgcore import download
+    from msgcore.experiments.trice import TRICE_SCALES, prepare_tasks
+    from msgcore.utils import DataError
+
+    def offline(url, timeout):
+        raise urllib.error.URLError("no network")
+
+    monkeypatch.setenv("MSGCORE_DATA", str(tmp_path / "cache"))
+    monkeypatch.setenv("MSGCORE_DATA_MIRROR", "")
+    monkeypatch.setattr(download.urllib.request, "urlopen", offline)
+    with pytest.raises(DataError, match="MSGCORE_DATA_MIRROR"):
+        prepare_tasks(TRICE_SCALES["smoke"])
+    tasks = prepare_tasks(TRICE_SCALES["smoke"], allow_synthetic=True)
+    assert tasks.synthetic and all(data.synthetic for data in tasks.tasks.values())
+    assert set(tasks.monolingual) == {"xa", "xb", "xt"}
+    m30k, ted = tasks.tasks["m30k"].corpora, tasks.tasks["ted"].corpora
+    assert set(m30k) == {"train", "val", "test_2016_flickr", "test_2017_flickr"}
+    assert m30k["test_2016_flickr"].target != m30k["test_2017_flickr"].target
+    assert ted["train"].doc_ids and not set(ted["train"].doc_ids) & set(ted["val"].doc_ids)
+    assert tasks.tasks["ted_doc"].corpora["train"].num_sources == 1
+
+
+def test_scale_limits_cut_whole_ted_test_documents(tmp_path, monkeypatch):
+    import urllib.error
+    from dataclasses import replace
+
+    from msgcore import download
+    from msgcore.experiments.trice import TRICE_SCALES, load_task_corpora
+
+    monkeypatch.setenv("MSGCORE_DATA", str(tmp_path / "cache"))
+    monkeypatch.setenv("MSGCORE_DATA_MIRROR", "")
+    monkeypatch.setattr(download.urllib.request, "urlopen", lambda url, timeout: (_ for _ in ()).throw(
+        urllib.error.URLError("no network")))
+    scale = replace(TRICE_SCALES["smoke"], eval_examples=0, ted_test_documents=3)
+    tasks, synthetic = load_task_corpora(scale, allow_synthetic=True)
+    test = tasks["ted"]["test"]
+    assert synthetic and sorted(set(test.doc_ids)) == [0, 1, 2] and len(test) == 30
+    assert len(tasks["ted_sent"]["test"]) == 30

@@ -111,6 +111,16 @@ def prepare_translation(source: str | tuple[str, ...], target: str, scale: Scale
     return data
 
 
+def limit_eval_splits(data: TranslationData, n: int) -> TranslationData:
+    """Keep the first `n` sentences of every split but "train" (n = 0: keep everything)."""
+    if not n:
+        return data
+    corpora = {s: c if s == "train" else c.subset(range(min(n, len(c)))) for s, c in data.corpora.items()}
+    encoded = {s: e if s == "train" else EncodedCorpus([col[:n] for col in e.sources], e.target[:n], e.target_prefix,
+                                                       e.eos_id) for s, e in data.encoded.items()}
+    return replace(data, corpora=corpora, encoded=encoded)
+
+
 @dataclass
 class RunResult:
     model: Transformer  # the best checkpoint's model, in eval mode

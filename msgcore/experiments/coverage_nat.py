@@ -21,8 +21,8 @@ import pandas as pd
 import torch
 
 from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batches
-from msgcore.experiments import (RunResult, Scale, TranslationData, evaluate, mean_std, train_model,
-                                 train_translation)
+from msgcore.experiments import (RunResult, Scale, TranslationData, evaluate, limit_eval_splits, mean_std,  # noqa: F401
+                                 train_model, train_translation)
 from msgcore.generation import GenerationConfig, rescore
 from msgcore.metrics import Score, corpus_score
 from msgcore.model import PRESETS, Transformer, TransformerConfig
@@ -101,16 +101,6 @@ def nat_config(data: TranslationData, scale: NATScale, **fields) -> CoverageNATC
     return CoverageNATConfig(**{**PRESETS[scale.preset], "vocab_size": tok.vocab_size, "pad_id": tok.pad_id,
                                 "unk_id": tok.unk_id, "eos_id": tok.eos_id,
                                 "coverage_iterations": scale.coverage_iterations, **scale.model, **fields})
-
-
-def limit_eval_splits(data: TranslationData, n: int) -> TranslationData:
-    """Keep the first `n` sentences of every split but "train" (n = 0: keep everything)."""
-    if not n:
-        return data
-    corpora = {s: c if s == "train" else c.subset(range(min(n, len(c)))) for s, c in data.corpora.items()}
-    encoded = {s: e if s == "train" else EncodedCorpus([col[:n] for col in e.sources], e.target[:n], e.target_prefix,
-                                                       e.eos_id) for s, e in data.encoded.items()}
-    return replace(data, corpora=corpora, encoded=encoded)
 
 
 # ---- knowledge distillation ------------------------------------------------------------------

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from msgcore.batching import encode_corpus
-from msgcore.data import Corpus, load_ape, load_doc_level, load_multi30k
+from msgcore.data import Corpus, load_ape, load_doc_level, load_multi30k, synthetic_corpus
 from msgcore.experiments import RunResult, TranslationData, train_model
 from msgcore.generation import GenerationConfig
 from msgcore.metrics import corpus_score
@@ -37,7 +37,7 @@ from msgcore.models.trice import TriceConfig, TriceTransformer, from_single_sour
 from msgcore.noising import denoising_corpus
 from msgcore.tokenizer import SEP_PIECE, Tokenizer
 from msgcore.trainer import Trainer, TrainConfig, translate_encoded
-from msgcore.utils import MsgcoreError
+from msgcore.utils import DataError, MsgcoreError
 
 
 @dataclass
@@ -52,6 +52,8 @@ class TriceScale:
     pretrain_sentences: int = 0  # monolingual sentences per language side for stage 0 (0 = all)
     train_examples: int = 0  # first N training examples of each task (0 = all)
     eval_examples: int = 0  # first N sentences of each dev/test set (0 = all)
+    analysis_examples: int = 0  # first N APE dev triplets scored in the analyses, Tables 5-7 (0 = all)
+    ted_test_documents: int = 0  # first N documents of the TED test set (0 = all 23)
     beam_size: int = 5  # test-time beam (1 = greedy)
     seeds: tuple[int, ...] = (0,)  # seeds of the main comparison (Table 3: DualBART vs TRICE)
     notes: str = ""  # what a reader should know about this scale
@@ -71,15 +73,17 @@ TRICE_SCALES: dict[str, TriceScale] = {
         pretrain=_ft(30, validate_every=0, max_tokens=1024), finetune=_ft(12, max_tokens=1024, valid_max_sentences=20),
         stage1=_ft(6, max_tokens=1024, valid_max_sentences=20), stage2=_ft(6, max_tokens=1024, valid_max_sentences=20),
         vocab_size=1500, pretrain_sentences=2000, train_examples=1000, eval_examples=30, beam_size=1,
+        analysis_examples=20, ted_test_documents=2,
         notes="CI only: checks that the chapter runs end to end; its numbers mean nothing."),
     "small": TriceScale(
         "tiny", dict(dropout=0.1),
         pretrain=_ft(400, validate_every=0, max_tokens=2048, lr=1.5e-3), finetune=_ft(80),
         stage1=_ft(40), stage2=_ft(40),
         vocab_size=6000, pretrain_sentences=12000, train_examples=0, eval_examples=0, beam_size=1,
-        seeds=(0, 1, 2),
-        notes="2 CPU cores, about 30 minutes for 30 training runs: 400 pre-training updates, each "
-              "finetuning run 80 updates (TRICE: 40 + 40, compute-matched), greedy decoding. "
+        analysis_examples=500, ted_test_documents=10, seeds=(0, 1, 2),
+        notes="2 CPU cores, under 30 minutes for 32 training runs: 400 pre-training updates, each "
+              "finetuning run 80 updates (TRICE: 40 + 40, compute-matched), greedy decoding; the analyses "
+              "score the first 500 APE dev triplets and Table 4 the first 10 TED test talks. "
               "Nothing converges at this scale."),
     "full": TriceScale(
         "small", dict(dropout=0.1),
@@ -101,6 +105,7 @@ class TriceTasks:
     tokenizer: Tokenizer
     tasks: dict[str, TranslationData]  # name -> data (see `load_task_corpora`)
     monolingual: dict[str, list[str]] = field(default_factory=dict)  # language -> pre-training text
+    synthetic: bool = False  # True when the toy tasks stood in for the real data (offline smoke runs)
 
 
 def single_source(corpus: Corpus, k: int) -> Corpus:
@@ -131,21 +136,55 @@ def split_documents_at(corpus: Corpus, valid_docs: int) -> tuple[Corpus, Corpus]
     return replace(corpus.subset(train), split="train"), replace(corpus.subset(valid), split="val")
 
 
-def load_task_corpora(scale: TriceScale) -> dict[str, dict[str, Corpus]]:
-    """task -> split -> corpus. Every task has "train" and "val" (its dev set) and its test sets.
+def real_task_corpora() -> dict[str, dict[str, Corpus]]:
+    """task -> split -> corpus for the three real tasks (see `load_task_corpora`)."""
+    m30k = {s: load_multi30k(s, sources=("de", "fr"), target="en")
+            for s in ("train", "val", "test_2016_flickr", "test_2017_flickr")}
+    ape = {"train": load_ape("train"), "val": load_ape("dev"), "test": load_ape("test")}
+    ted_train, ted_val = split_documents_at(load_doc_level("dev", "ted"), valid_docs=5)
+    ted = {"train": ted_train, "val": ted_val, "test": load_doc_level("test", "ted")}
+    return {"m30k": m30k, "ape": ape, "ted": ted}
+
+
+def synthetic_task_corpora(seed: int = 0) -> dict[str, dict[str, Corpus]]:
+    """The offline stand-in for smoke runs: three two-source toy tasks (msgcore.data.synthetic_corpus)
+    under the real tasks' split names; the TED stand-in is cut into documents of 10 sentences."""
+    def toy(n: int, split: str, name: str, offset: int, documents: bool = False) -> Corpus:
+        corpus = synthetic_corpus(n, num_sources=2, seed=seed + offset, split=split)
+        return replace(corpus, split=name, doc_ids=[i // 10 for i in range(n)] if documents else None)
+
+    m30k = {"train": toy(1000, "train", "train", 0), "val": toy(100, "val", "val", 0),
+            "test_2016_flickr": toy(100, "test", "test_2016_flickr", 0),
+            "test_2017_flickr": toy(100, "test", "test_2017_flickr", 1)}
+    ape = {"train": toy(1000, "train", "train", 2), "val": toy(100, "val", "val", 2), "test": toy(100, "test", "test", 2)}
+    ted_train, ted_val = split_documents_at(toy(600, "train", "train", 3, documents=True), valid_docs=5)
+    ted = {"train": ted_train, "val": ted_val, "test": toy(100, "test", "test", 3, documents=True)}
+    return {"m30k": m30k, "ape": ape, "ted": ted}
+
+
+def load_task_corpora(scale: TriceScale, seed: int = 0,
+                      allow_synthetic: bool = False) -> tuple[dict[str, dict[str, Corpus]], bool]:
+    """(task -> split -> corpus, synthetic). Every task has "train" and "val" (its dev set) and its test sets.
 
     m30k     Multi30k De+Fr -> En; m30k_de / m30k_fr the single-source views
     ape      WMT16/17 APE (src en, mt de) -> pe de; "val" is the deterministic dev split
     ted      TED (previous de, current de) -> en; trains on the TED dev set minus its last 5
              documents (validation) and tests on the TED test set (the training set is not public)
     ted_sent current de -> en;  ted_doc "previous <sep> current" -> "previous <sep> current" (en)
+    With `allow_synthetic`, a machine with neither the data nor a mirror nor the network gets the toy
+    tasks of `synthetic_task_corpora` instead (smoke runs only), and is told so.
     """
-    m30k = {s: load_multi30k(s, sources=("de", "fr"), target="en")
-            for s in ("train", "val", "test_2016_flickr", "test_2017_flickr")}
-    ape = {"train": load_ape("train"), "val": load_ape("dev"), "test": load_ape("test")}
-    ted_train, ted_val = split_documents_at(load_doc_level("dev", "ted"), valid_docs=5)
-    ted = {"train": ted_train, "val": ted_val, "test": load_doc_level("test", "ted")}
-    tasks = {"m30k": m30k, "ape": ape, "ted": ted}
+    try:
+        tasks, synthetic = real_task_corpora(), False
+    except DataError as error:
+        if not allow_synthetic or "MSGCORE_DATA_MIRROR" not in str(error):
+            raise
+        print(f"The real data is unavailable ({error}); using the synthetic tasks instead.")
+        tasks, synthetic = synthetic_task_corpora(seed), True
+    if scale.ted_test_documents:
+        test = tasks["ted"]["test"]
+        kept = sorted(set(test.doc_ids))[:scale.ted_test_documents]
+        tasks["ted"]["test"] = test.subset(i for i, doc in enumerate(test.doc_ids) if doc in kept)
     if scale.train_examples:
         for splits in tasks.values():
             splits["train"] = splits["train"].subset(range(min(scale.train_examples, len(splits["train"]))))
@@ -154,24 +193,26 @@ def load_task_corpora(scale: TriceScale) -> dict[str, dict[str, Corpus]]:
             for name in splits:
                 if name != "train":
                     splits[name] = splits[name].subset(range(min(scale.eval_examples, len(splits[name]))))
+    m30k = tasks["m30k"]
     tasks["m30k_de"] = {s: single_source(c, 0) for s, c in m30k.items()}
     tasks["m30k_fr"] = {s: single_source(c, 1) for s, c in m30k.items()}
     tasks["ted_sent"] = {s: single_source(c, 1) for s, c in tasks["ted"].items()}
     tasks["ted_doc"] = {s: joined_pair(c, previous_targets(c)) for s, c in tasks["ted"].items()}
-    return tasks
+    return tasks, synthetic
 
 
-def monolingual_text(tasks: dict[str, dict[str, Corpus]], limit: int) -> dict[str, list[str]]:
-    """Stage-0 text: every language side of the training splits (Multi30k en/de/fr/cs, APE, TED).
-
-    Each language gets at most `limit` sentences (0 = all), drawn evenly from its sources."""
+def monolingual_text(tasks: dict[str, dict[str, Corpus]], limit: int,
+                     extra: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
+    """Stage-0 text: every language side of the training splits (Multi30k, APE, TED) and the `extra`
+    columns (Multi30k's Czech side). Each language gets at most `limit` sentences (0 = all), drawn
+    evenly from its sources."""
     columns: dict[str, list[list[str]]] = {}
     for name in ("m30k", "ape", "ted"):
         train = tasks[name]["train"]
         for lang, column in zip((*train.source_langs, train.target_lang), (*train.sources, train.target)):
             columns.setdefault(lang, []).append([s for s in column if s.strip()])
-    cs = load_multi30k("train", sources=("cs",), target="en").sources[0]
-    columns["cs"] = [cs[:len(tasks["m30k"]["train"])]]
+    for lang, column in (extra or {}).items():
+        columns.setdefault(lang, []).append(column)
     text = {}
     for lang, parts in columns.items():
         per_part = limit // len(parts) if limit else None
@@ -179,18 +220,23 @@ def monolingual_text(tasks: dict[str, dict[str, Corpus]], limit: int) -> dict[st
     return text
 
 
-def prepare_tasks(scale: TriceScale, seed: int = 0) -> TriceTasks:
-    """Load every task, train the joint tokenizer on the stage-0 text, and encode every split."""
-    corpora = load_task_corpora(scale)
-    mono = monolingual_text(corpora, scale.pretrain_sentences)
+def prepare_tasks(scale: TriceScale, seed: int = 0, allow_synthetic: bool = False) -> TriceTasks:
+    """Load every task, train the joint tokenizer on the stage-0 text, and encode every split.
+
+    `allow_synthetic`: fall back to the toy tasks when the real data cannot be had (smoke runs)."""
+    corpora, synthetic = load_task_corpora(scale, seed, allow_synthetic)
+    czech = {}
+    if not synthetic:  # the Czech side of Multi30k, as many sentences as the De+Fr training set
+        czech["cs"] = load_multi30k("train", sources=("cs",), target="en").sources[0][:len(corpora["m30k"]["train"])]
+    mono = monolingual_text(corpora, scale.pretrain_sentences, czech)
     texts = [s for sentences in mono.values() for s in sentences]
     tokenizer = Tokenizer.train(texts, vocab_size=scale.vocab_size, langs=tuple(mono), symbols=(SEP_PIECE,),
                                 seed=seed)
     tasks = {}
     for name, splits in corpora.items():
         encoded = {s: encode_corpus(c, tokenizer, max_len=128 if s == "train" else None) for s, c in splits.items()}
-        tasks[name] = TranslationData(tokenizer, splits, encoded)
-    return TriceTasks(tokenizer, tasks, mono)
+        tasks[name] = TranslationData(tokenizer, splits, encoded, synthetic=synthetic)
+    return TriceTasks(tokenizer, tasks, mono, synthetic)
 
 
 # ---- stages and systems ---------------------------------------------------------------------------

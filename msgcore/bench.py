@@ -1,0 +1,392 @@
+"""Benchmarks: msgcore against Hugging Face BART at equal dimensions. `python -m msgcore.bench --help`.
+
+What is measured; every measurement runs in a fresh worker process, so that both libraries start equal:
+    train     target tokens/s (median over timed steps after warm-up) and peak memory of training steps:
+              msgcore's `Transformer` vs transformers' `BartForConditionalGeneration` built with the same
+              width, layers, heads, FFN, vocabulary, tied embeddings and dropout, on the same Multi30k
+              batches, with the same loss (label-smoothed cross-entropy), optimizer, clipping and dtype
+    decode    generated tokens/s, greedy and beam 5, at batch 1 and 64; every output is forced to the same
+              length (</s> is forbidden until the last step), so both libraries do identical work
+    padding   real tokens / padded slots of token-budget (length-bucketed) batches vs random batches
+    mfu       on CUDA: model FLOPs utilisation of training, FLOPs counted analytically (`train_flops`)
+    ablation  msgcore with one optimisation turned off (SDPA, KV cache, length bucketing, bf16) or on
+              (torch.compile), to show what each buys
+`transformers` is needed for the comparison rows only (`pip install transformers`); the book does not need it.
+# Deviation from a like-for-like graph: BART adds a LayerNorm on the embeddings and learned positions, and
+# is post-norm; msgcore is pre-norm with sinusoidal positions. Both do the same matrix work.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from msgcore.attention import attention_math, causal_mask
+from msgcore.batching import collate, encode_corpus, example_lengths, padding_efficiency, token_batches
+from msgcore.data import load_multi30k
+from msgcore.generation import GenerationConfig
+from msgcore.model import Transformer, TransformerConfig, preset
+from msgcore.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from msgcore.utils import MsgcoreError, atomic_write, device_name, git_commit, resolve_device
+
+H100_BF16_PEAK = 790e12  # FLOP/s on large bf16 matmuls, measured on the lent H100/H200 (see DEVELOPERS.md)
+
+
+@dataclass
+class BenchConfig:
+    device: str = "auto"  # "auto": CUDA when visible, else CPU
+    max_tokens: int = 4096  # token budget of a training batch (B * longest length)
+    warmup_steps: int = 3  # untimed training steps (and decoding batches) first
+    timed_steps: int = 10  # timed training steps; the median tokens/s is reported
+    decode_length: int = 30  # every decoding output gets exactly this many tokens, then </s>
+    decode_batches: int = 3  # timed batches of 64 sentences
+    batch1_sentences: int = 10  # sentences timed one at a time (batch size 1)
+    vocab_size: int = 8000  # joint BPE vocabulary of the Multi30k De-En batches
+    threads: int = 0  # torch threads on CPU (0 = torch's default)
+
+
+# ---- data: the same Multi30k batches for every worker ----------------------------------------------------
+
+def multi30k(cfg: BenchConfig):
+    """(tokenizer, encoded De->En training set, encoded test2016) with a cached BPE tokenizer."""
+    train = load_multi30k("train", sources=("de",), target="en")
+    tokenizer = Tokenizer.train(train.texts(), vocab_size=cfg.vocab_size, model_type="bpe")
+    test = load_multi30k("test_2016_flickr", sources=("de",), target="en")
+    return tokenizer, encode_corpus(train, tokenizer, max_len=128), encode_corpus(test, tokenizer)
+
+
+def random_batches(lengths: list[int], max_tokens: int, seed: int = 0) -> list[list[int]]:
+    """Batches in random order, cut at the token budget without sorting by length (the padding baseline)."""
+    order = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed)).tolist()
+    batches, batch, longest = [], [], 0
+    for i in order:
+        if batch and (len(batch) + 1) * max(longest, lengths[i]) > max_tokens:
+            batches.append(batch)
+            batch, longest = [], 0
+        batch.append(i)
+        longest = max(longest, lengths[i])
+    return batches + ([batch] if batch else [])
+
+
+# ---- the two libraries -------------------------------------------------------------------------------------
+
+def hf_bart(cfg: TransformerConfig):
+    """transformers' BART with msgcore's dimensions, SDPA attention and msgcore's special ids."""
+    try:
+        from transformers import BartConfig, BartForConditionalGeneration
+    except ImportError:
+        raise MsgcoreError("the Hugging Face rows need transformers: pip install transformers "
+                           "(or run with --skip-hf)") from None
+    config = BartConfig(vocab_size=cfg.vocab_size, d_model=cfg.d_model, encoder_layers=cfg.encoder_layers,
+                        decoder_layers=cfg.decoder_layers, encoder_attention_heads=cfg.n_heads,
+                        decoder_attention_heads=cfg.n_heads, encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
+                        dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
+                        activation_dropout=cfg.activation_dropout, activation_function="relu",
+                        max_position_embeddings=cfg.max_positions, pad_token_id=PAD_ID, bos_token_id=BOS_ID,
+                        eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID, forced_eos_token_id=None,
+                        tie_word_embeddings=cfg.tie_embeddings)
+    return BartForConditionalGeneration._from_config(config, attn_implementation="sdpa")
+
+
+def summed_loss(library: str, model, batch) -> torch.Tensor:
+    """Label-smoothed cross-entropy summed over real target tokens, the same for both libraries.
+
+    BART gets no decoder padding mask: padding sits at the end, so the causal mask already keeps it away
+    from real positions, and without it BART can take SDPA's fast causal path, as msgcore does.
+    """
+    if library == "msgcore":
+        return model.loss(batch, label_smoothing=0.1)
+    logits = model(input_ids=batch.sources[0], attention_mask=batch.source_masks[0],
+                   decoder_input_ids=batch.target_in).logits  # (B, T, V)
+    return F.cross_entropy(logits.float().flatten(0, 1), batch.target_out.flatten(), ignore_index=PAD_ID,
+                           reduction="sum", label_smoothing=0.1)
+
+
+def build(library: str, preset_name: str, vocab_size: int, device: torch.device):
+    torch.manual_seed(0)
+    cfg = preset(preset_name, vocab_size=vocab_size, dropout=0.1)
+    model = Transformer(cfg) if library == "msgcore" else hf_bart(cfg)
+    return cfg, model.to(device)
+
+
+# ---- measurements (run inside a worker) ---------------------------------------------------------------------
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def resident_mb() -> float:
+    """The process's resident memory now (Linux), MB."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_mb(device: torch.device, baseline: float) -> float:
+    """Peak memory of the steps: CUDA's allocator peak, or on CPU the growth of the peak resident size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - baseline
+
+
+def train_flops(cfg: TransformerConfig, batch) -> float:
+    """Matmul FLOPs of one training step on a padded batch: 3 x forward (backward = 2 x forward).
+
+    Every linear layer costs 2 * in * out per position, attention 2 * 2 * T * S * D per layer (causal
+    attention counted in full); embedding lookups, norms and softmax are left out.
+    """
+    B, S, T = batch.sources[0].size(0), batch.sources[0].size(1), batch.target_in.size(1)
+    D, Fd, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
+    encoder = cfg.encoder_layers * (2 * B * S * (4 * D * D + 2 * D * Fd) + 4 * B * S * S * D)
+    decoder = cfg.decoder_layers * (2 * B * T * (4 * D * D + 2 * D * D + 2 * D * Fd) + 2 * B * S * 2 * D * D
+                                    + 4 * B * T * T * D + 4 * B * T * S * D)
+    return 3.0 * (encoder + decoder + 2 * B * T * D * V)
+
+
+def math_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **_):
+    """SDPA's signature over msgcore's written-out attention (the "math path" ablation)."""
+    if is_causal:
+        attn_mask = causal_mask(q.size(-2), k.size(-2), q.device)
+    return attention_math(q, k, v, attn_mask, dropout_p)[0]
+
+
+def train_worker(spec: dict, cfg: BenchConfig) -> dict:
+    device = resolve_device(cfg.device)
+    tokenizer, train, _ = multi30k(cfg)
+    lengths = example_lengths(train)
+    index = (random_batches(lengths, cfg.max_tokens) if spec.get("batching") == "random"
+             else token_batches(lengths, cfg.max_tokens, shuffle=True, seed=0))
+    batches = [collate(train, b).to(device) for b in index[:cfg.warmup_steps + cfg.timed_steps]]
+    model_cfg, model = build(spec["library"], spec["preset"], tokenizer.vocab_size, device)
+    if spec.get("attention") == "math":
+        torch.nn.functional.scaled_dot_product_attention = math_sdpa  # this worker only runs msgcore
+    if spec.get("compile"):
+        model = torch.compile(model)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4, betas=(0.9, 0.98), fused=device.type == "cuda")
+    dtype = torch.bfloat16 if spec["dtype"] == "bf16" else None
+    baseline = resident_mb()
+    rates, flops, seconds = [], 0.0, 0.0
+    for step, batch in enumerate(batches):
+        if step == cfg.warmup_steps and device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        sync(device)
+        start = time.perf_counter()
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = summed_loss(spec["library"], model, batch) / batch.num_target_tokens
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync(device)
+        elapsed = time.perf_counter() - start
+        if step >= cfg.warmup_steps:
+            rates.append(batch.num_target_tokens / elapsed)
+            flops, seconds = flops + train_flops(model_cfg, batch), seconds + elapsed
+    row = {"target tokens/s": statistics.median(rates), "peak memory (MB)": peak_mb(device, baseline),
+           "parameters (M)": sum(p.numel() for p in model.parameters()) / 1e6,
+           "model TFLOP/s": flops / seconds / 1e12,
+           "padding efficiency": padding_efficiency(index[:len(batches)], lengths)}
+    return row
+
+
+def generation(library: str, model, beam: int, length: int):
+    """A function sources, masks -> output ids that forces `length` tokens and then </s>."""
+    if library == "msgcore":
+        config = GenerationConfig(beam_size=beam, max_len_a=0.0, max_len_b=length + 1, min_len=1)
+        return lambda src, mask: model.generate([src], [mask], BOS_ID, EOS_ID, config,
+                                                forbidden=[PAD_ID, BOS_ID, EOS_ID])  # </s> only at the limit
+    from transformers import GenerationConfig as HFGenerationConfig
+
+    config = HFGenerationConfig(num_beams=beam, max_new_tokens=length + 1, min_new_tokens=length + 1,
+                                do_sample=False, early_stopping=False, no_repeat_ngram_size=0, length_penalty=1.0,
+                                decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
+                                pad_token_id=PAD_ID)
+    return lambda src, mask: model.generate(input_ids=src, attention_mask=mask, generation_config=config)
+
+
+@torch.no_grad()
+def greedy_without_cache(model, src, mask, length: int):
+    """Greedy search that re-runs the decoder over the whole prefix at every step (the "no KV cache" ablation)."""
+    memory = model.encode([src], [mask])
+    tokens = torch.full((src.size(0), 1), BOS_ID, dtype=torch.long, device=src.device)
+    for _ in range(length + 1):
+        next_token = model.decode(tokens, memory).logits[:, -1].argmax(-1, keepdim=True)
+        tokens = torch.cat([tokens, next_token], 1)
+    return tokens
+
+
+def decode_worker(spec: dict, cfg: BenchConfig) -> dict:
+    device = resolve_device(cfg.device)
+    tokenizer, _, test = multi30k(cfg)
+    _, model = build(spec["library"], spec["preset"], tokenizer.vocab_size, device)
+    model.eval()
+    translate = generation(spec["library"], model, spec["beam"], cfg.decode_length)
+    if spec.get("cache") is False:
+        translate = lambda src, mask: greedy_without_cache(model, src, mask, cfg.decode_length)  # noqa: E731
+    size = spec["batch"]
+    n = cfg.batch1_sentences if size == 1 else cfg.decode_batches
+    groups = [list(range(i * size, (i + 1) * size)) for i in range(cfg.warmup_steps + n)]
+    dtype = torch.bfloat16 if spec["dtype"] == "bf16" else None
+    times = []
+    for i, group in enumerate(groups):
+        batch = collate(test, group).to(device)
+        sync(device)
+        start = time.perf_counter()
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            translate(batch.sources[0], batch.source_masks[0])
+        sync(device)
+        if i >= cfg.warmup_steps:
+            times.append(time.perf_counter() - start)
+    return {"generated tokens/s": size * (cfg.decode_length + 1) / statistics.median(times)}
+
+
+# ---- the plan, the workers and the report ------------------------------------------------------------------
+
+def plan(presets: list[str], device: torch.device, skip_hf: bool, with_compile: bool) -> list[dict]:
+    """Every measurement as a spec: kind, library, preset, dtype and the knobs of the ablations."""
+    dtype = "bf16" if device.type == "cuda" else "fp32"
+    libraries = ["msgcore"] if skip_hf else ["msgcore", "hf"]
+    specs = [dict(kind="train", library=lib, preset=p, dtype=dtype) for p in presets for lib in libraries]
+    specs += [dict(kind="decode", library=lib, preset=p, dtype=dtype, beam=beam, batch=batch)
+              for p in presets for beam in (1, 5) for batch in (1, 64) for lib in libraries]
+    first = presets[0]
+    specs += [dict(kind="train", library="msgcore", preset=first, dtype=dtype, attention="math", ablation="math attention instead of SDPA"),
+              dict(kind="train", library="msgcore", preset=first, dtype=dtype, batching="random", ablation="random batches instead of length buckets"),
+              dict(kind="train", library="msgcore", preset=first, dtype="fp32" if dtype == "bf16" else "bf16",
+                   ablation="fp32" if dtype == "bf16" else "bf16 autocast"),
+              dict(kind="decode", library="msgcore", preset=first, dtype=dtype, beam=1, batch=64, cache=False,
+                   ablation="no KV cache (greedy re-runs the prefix)")]
+    if with_compile:
+        specs.append(dict(kind="train", library="msgcore", preset=first, dtype=dtype, compile=True,
+                          ablation="torch.compile"))
+    return specs
+
+
+def run_worker(spec: dict, cfg: BenchConfig) -> dict:
+    """Run one measurement in a fresh Python process and return its row."""
+    command = [sys.executable, "-m", "msgcore.bench", "--worker", json.dumps({"spec": spec, "cfg": asdict(cfg)})]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise MsgcoreError(f"benchmark worker {spec} failed: {done.stderr.strip().splitlines()[-1]}")
+    return {**spec, **json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    """msgcore / HF for every measurement both libraries ran."""
+    out = []
+    for row in rows:
+        if row["library"] != "msgcore" or "ablation" in row:
+            continue
+        twin = next((r for r in rows if r["library"] == "hf" and "ablation" not in r and
+                     all(r.get(k) == row.get(k) for k in ("kind", "preset", "beam", "batch"))), None)
+        if twin:
+            metric = "target tokens/s" if row["kind"] == "train" else "generated tokens/s"
+            out.append({"kind": row["kind"], "preset": row["preset"], "beam": row.get("beam"),
+                        "batch": row.get("batch"), "msgcore": row[metric], "hf": twin[metric],
+                        "ratio msgcore/hf": row[metric] / twin[metric]})
+    return out
+
+
+def environment(device: torch.device, cfg: BenchConfig) -> dict:
+    try:
+        import transformers
+        hf_version = transformers.__version__
+    except ImportError:
+        hf_version = None
+    return {"device": device_name(device), "torch": torch.__version__, "transformers": hf_version,
+            "git commit": git_commit(), "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "config": asdict(cfg)}
+
+
+def markdown(report: dict) -> str:
+    """The report as markdown tables."""
+    import pandas as pd
+
+    env = report["environment"]
+    lines = [f"Device: {env['device']}; torch {env['torch']}, transformers {env['transformers']}, "
+             f"commit {env['git commit']}, {env['date']}.", ""]
+    rows = pd.DataFrame(report["rows"])
+    for kind in ("train", "decode"):
+        part = rows[rows.kind == kind].drop(columns=["kind"]).dropna(axis=1, how="all")
+        lines += [f"### {kind}", "", part.to_markdown(index=False, floatfmt=".3g"), ""]
+    if report["ratios"]:
+        lines += ["### msgcore / Hugging Face", "", pd.DataFrame(report["ratios"]).to_markdown(index=False, floatfmt=".3g"), ""]
+    lines += ["### padding efficiency (Multi30k De-En train)", "",
+              pd.DataFrame([report["padding"]]).to_markdown(index=False, floatfmt=".3f"), ""]
+    return "\n".join(lines)
+
+
+def padding_report(cfg: BenchConfig) -> dict:
+    _, train, _ = multi30k(cfg)
+    lengths = example_lengths(train)
+    bucketed = token_batches(lengths, cfg.max_tokens, shuffle=True, seed=0)
+    shuffled = random_batches(lengths, cfg.max_tokens)
+    return {"max tokens": cfg.max_tokens, "length-bucketed": padding_efficiency(bucketed, lengths),
+            "random": padding_efficiency(shuffled, lengths), "batches (bucketed)": len(bucketed),
+            "batches (random)": len(shuffled)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m msgcore.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", nargs="+", default=["small", "base"], help="model presets (msgcore.model.PRESETS)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--quick", action="store_true", help="1 warm-up and 2 timed steps: checks that it runs")
+    parser.add_argument("--skip-hf", action="store_true", help="msgcore rows only (no transformers needed)")
+    parser.add_argument("--compile", action="store_true", help="add a torch.compile training row")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0 = default)")
+    parser.add_argument("--out", default="benchmarks/results", help="folder for <device>.json and .md")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        job = json.loads(args.worker)
+        cfg = BenchConfig(**job["cfg"])
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        worker = train_worker if job["spec"]["kind"] == "train" else decode_worker
+        print(json.dumps(worker(job["spec"], cfg)))
+        return 0
+    cfg = BenchConfig(device=args.device, threads=args.threads)
+    if args.quick:
+        cfg = BenchConfig(device=args.device, threads=args.threads, warmup_steps=1, timed_steps=2, decode_length=5,
+                          decode_batches=1, batch1_sentences=2)
+    try:
+        device = resolve_device(cfg.device)
+        rows = []
+        for spec in plan(args.presets, device, args.skip_hf, args.compile):
+            rows.append(run_worker(spec, cfg))
+            print(f"{spec}: " + ", ".join(f"{k} {v:.4g}" for k, v in rows[-1].items() if isinstance(v, float)),
+                  flush=True)
+        report = {"environment": environment(device, cfg), "rows": rows, "ratios": ratios(rows),
+                  "padding": padding_report(cfg)}
+        if device.type == "cuda":
+            peak = H100_BF16_PEAK if any(n in device_name(device) for n in ("H100", "H200")) else None
+            report["mfu"] = {r["preset"]: r["model TFLOP/s"] * 1e12 / peak for r in rows
+                             if peak and r["kind"] == "train" and r["library"] == "msgcore" and "ablation" not in r}
+    except MsgcoreError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    slug = "".join(c if c.isalnum() else "-" for c in device_name(device)).strip("-").lower()
+    out = Path(args.out)
+    with atomic_write(out / f"{slug}.json") as f:
+        json.dump(report, f, indent=1)
+    text = markdown(report)
+    with atomic_write(out / f"{slug}.md") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
