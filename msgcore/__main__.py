@@ -3,12 +3,14 @@
     python -m msgcore train --dataset multi30k --sources de --target en --out runs/de-en
     python -m msgcore translate --checkpoint runs/de-en/best.pt --input test.de --output hyp.en
     python -m msgcore score --hyp hyp.en --ref test.en --metrics bleu chrf ter
+    torchrun --nproc_per_node=4 -m msgcore train ...       # data-parallel on 4 GPUs (msgcore.distributed)
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
+from msgcore import distributed
 from msgcore.batching import encode_corpus
 from msgcore.data import (Corpus, check_same_length, load_ape, load_mlqe_pe, load_multi30k, read_lines, read_parallel,
                           synthetic_corpus)
@@ -38,22 +40,33 @@ def load_split(args, split: str) -> Corpus:
 
 
 def train(args) -> None:
+    """Train a Transformer; under torchrun, one data-parallel process per GPU (or CPU worker)."""
     seed_everything(args.seed)
-    device = resolve_device(args.device)
+    if distributed.launched():
+        device = distributed.device_for_rank(args.device)
+        distributed.init(device)
+    else:
+        device = resolve_device(args.device)
     train_corpus, valid_corpus = load_split(args, "train"), load_split(args, "valid")
     if train_corpus.num_sources != 1:
         raise MsgcoreError(f"the Transformer takes 1 source, the data has {train_corpus.num_sources}")
     tokenizer = Tokenizer.train(train_corpus.texts(), vocab_size=args.vocab_size, model_type=args.spm_type,
                                 seed=args.seed)
-    model = Transformer(preset(args.preset, vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id))
+    overrides = {} if args.dropout is None else {"dropout": args.dropout}
+    model = Transformer(preset(args.preset, vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, **overrides))
     cfg = TrainConfig(lr=args.lr, warmup_steps=args.warmup, max_tokens=args.max_tokens, max_epochs=args.max_epochs,
                       max_steps=args.max_steps, update_freq=args.update_freq, seed=args.seed)
     trainer = Trainer(model, tokenizer, encode_corpus(train_corpus, tokenizer, max_len=256),
                       encode_corpus(valid_corpus, tokenizer), valid_corpus.target, cfg, device, args.out)
     if args.resume:
         trainer.resume(args.resume)
-    trainer.train()
-    print(f"best dev BLEU {trainer.state.best_bleu:.2f}; checkpoints in {args.out}")
+    main_process = distributed.is_main()
+    try:
+        trainer.train()
+    finally:
+        distributed.shutdown()
+    if main_process:
+        print(f"best dev BLEU {trainer.state.best_bleu:.2f}; checkpoints in {args.out}")
 
 
 def translate(args) -> None:
@@ -88,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--valid-files", nargs="+", help="SRC... TGT validation files (with --train-files)")
     t.add_argument("--preset", choices=sorted(PRESETS), default="small")
     t.add_argument("--vocab-size", type=int, default=8000)
+    t.add_argument("--dropout", type=float, help="dropout (default: the preset's)")
     t.add_argument("--spm-type", choices=["unigram", "bpe"], default="unigram")
     t.add_argument("--lr", type=float, default=5e-4)
     t.add_argument("--warmup", type=int, default=1000)

@@ -47,8 +47,8 @@ H100_BF16_PEAK = 790e12  # FLOP/s on large bf16 matmuls, measured on the lent H1
 class BenchConfig:
     device: str = "auto"  # "auto": CUDA when visible, else CPU
     max_tokens: int = 4096  # token budget of a training batch (B * longest length)
-    warmup_steps: int = 3  # untimed training steps (and decoding batches) first
-    timed_steps: int = 10  # timed training steps; the median tokens/s is reported
+    warmup_steps: int = 2  # untimed training steps (and decoding batches) first
+    timed_steps: int = 8  # timed training steps; the median tokens/s is reported
     decode_length: int = 30  # every decoding output gets exactly this many tokens, then </s>
     decode_batches: int = 3  # timed batches of 64 sentences
     batch1_sentences: int = 10  # sentences timed one at a time (batch size 1)
@@ -287,15 +287,11 @@ def ratios(rows: list[dict]) -> list[dict]:
     """msgcore / HF for every measurement both libraries ran."""
     out = []
     for row in rows:
-        if row["library"] != "msgcore" or "ablation" in row:
-            continue
-        twin = next((r for r in rows if r["library"] == "hf" and "ablation" not in r and
-                     all(r.get(k) == row.get(k) for k in ("kind", "preset", "beam", "batch"))), None)
-        if twin:
-            metric = "target tokens/s" if row["kind"] == "train" else "generated tokens/s"
-            out.append({"kind": row["kind"], "preset": row["preset"], "beam": row.get("beam"),
-                        "batch": row.get("batch"), "msgcore": row[metric], "hf": twin[metric],
-                        "ratio msgcore/hf": row[metric] / twin[metric]})
+        twin = _twin(rows, row, library="hf") if row["library"] == "msgcore" and "ablation" not in row else None
+        if twin and "ablation" not in twin:
+            metric = _metric(row)
+            out.append({"kind": row["kind"], "preset": row["preset"], "beam": row.get("beam"), "batch": row.get("batch"),
+                        "msgcore": row[metric], "hf": twin[metric], "ratio msgcore/hf": row[metric] / twin[metric]})
     return out
 
 
@@ -310,21 +306,66 @@ def environment(device: torch.device, cfg: BenchConfig) -> dict:
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "config": asdict(cfg)}
 
 
-def markdown(report: dict) -> str:
-    """The report as markdown tables."""
+TARGETS = {"train": 1.3, "decode": 2.0, "mfu": 0.35}  # issue #5: msgcore/HF training and beam-5 decoding, GPU MFU
+
+
+def _metric(row: dict) -> str:
+    return "target tokens/s" if row["kind"] == "train" else "generated tokens/s"
+
+
+def _twin(rows: list[dict], row: dict, **match) -> dict | None:
+    """The row measured like `row` (same kind, preset, beam, batch) that also matches `match`."""
+    keys = ("kind", "preset", "beam", "batch")
+    return next((r for r in rows if all(r.get(k) == row.get(k) for k in keys)
+                 and all(r.get(k) == v for k, v in match.items())), None)
+
+
+def tables(report: dict) -> dict:
+    """The report as pandas tables: train, decode, ratios, ablations, padding and targets."""
     import pandas as pd
 
+    rows = report["rows"]
+    plain = [r for r in rows if "ablation" not in r]
+    train = pd.DataFrame([{"library": r["library"], "preset": r["preset"], "dtype": r["dtype"],
+                           "target tokens/s": round(r["target tokens/s"]), "peak memory (MB)": round(r["peak memory (MB)"]),
+                           "parameters (M)": round(r["parameters (M)"], 1), "model TFLOP/s": round(r["model TFLOP/s"], 3)}
+                          for r in plain if r["kind"] == "train"])
+    decode = pd.DataFrame([{"library": r["library"], "preset": r["preset"], "dtype": r["dtype"], "beam": r["beam"],
+                            "batch": r["batch"], "generated tokens/s": round(r["generated tokens/s"])}
+                           for r in plain if r["kind"] == "decode"])
+    ratio_rows = [{"measurement": r["kind"] + ("" if r["kind"] == "train" else f", beam {r['beam']}, batch {r['batch']}"),
+                   "preset": r["preset"], "msgcore": round(r["msgcore"]), "Hugging Face": round(r["hf"]),
+                   "msgcore / HF": round(r["ratio msgcore/hf"], 2)} for r in report["ratios"]]
+    ablations = []
+    for r in rows:
+        base = _twin(plain, r, library="msgcore") if "ablation" in r else None
+        if base:
+            metric = _metric(r)
+            ablations.append({"measurement": r["kind"], "preset": r["preset"], "change": r["ablation"],
+                              "msgcore as is": round(base[metric]), "with the change": round(r[metric]),
+                              "speed with / without the change": round(r[metric] / base[metric], 2)})
+    targets = []
+    for r in report["ratios"]:
+        if r["kind"] == "train" or r["beam"] == 5:
+            goal = TARGETS[r["kind"]]
+            what = "training" if r["kind"] == "train" else f"beam-5 decoding, batch {r['batch']}"
+            targets.append({"target": f"{what} ({r['preset']}): msgcore >= {goal}x HF",
+                            "measured": f"{r['ratio msgcore/hf']:.2f}x", "met": r["ratio msgcore/hf"] >= goal})
+    for name, mfu in report.get("mfu", {}).items():
+        targets.append({"target": f"MFU of {name} training >= {TARGETS['mfu']:.0%}", "measured": f"{mfu:.1%}",
+                        "met": mfu >= TARGETS["mfu"]})
+    return {"train": train, "decode": decode, "ratios": pd.DataFrame(ratio_rows), "ablations": pd.DataFrame(ablations),
+            "padding": pd.DataFrame([report["padding"]]), "targets": pd.DataFrame(targets)}
+
+
+def markdown(report: dict) -> str:
+    """The report as markdown tables."""
     env = report["environment"]
     lines = [f"Device: {env['device']}; torch {env['torch']}, transformers {env['transformers']}, "
              f"commit {env['git commit']}, {env['date']}.", ""]
-    rows = pd.DataFrame(report["rows"])
-    for kind in ("train", "decode"):
-        part = rows[rows.kind == kind].drop(columns=["kind"]).dropna(axis=1, how="all")
-        lines += [f"### {kind}", "", part.to_markdown(index=False, floatfmt=".3g"), ""]
-    if report["ratios"]:
-        lines += ["### msgcore / Hugging Face", "", pd.DataFrame(report["ratios"]).to_markdown(index=False, floatfmt=".3g"), ""]
-    lines += ["### padding efficiency (Multi30k De-En train)", "",
-              pd.DataFrame([report["padding"]]).to_markdown(index=False, floatfmt=".3f"), ""]
+    for name, table in tables(report).items():
+        if len(table):
+            lines += [f"### {name}", "", table.to_markdown(index=False), ""]
     return "\n".join(lines)
 
 
@@ -346,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-hf", action="store_true", help="msgcore rows only (no transformers needed)")
     parser.add_argument("--compile", action="store_true", help="add a torch.compile training row")
     parser.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0 = default)")
-    parser.add_argument("--out", default="benchmarks/results", help="folder for <device>.json and .md")
+    parser.add_argument("--out", default="book/benchmarks", help="folder for <device>.json and .md (the appendix reads it)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:

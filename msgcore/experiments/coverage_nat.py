@@ -77,8 +77,10 @@ NAT_SCALES: dict[str, NATScale] = {
                       teacher=_steps(650, valid_max_sentences=300), phase1=_steps(250),
                       phase2=_steps(40, lr=1e-4, schedule="constant"),
                       teacher_beam=1, lpd_candidates=5, vocab_size=8000, latency_sentences=100,
-                      notes="2 CPU cores, about 30 minutes: De→En only, a teacher of about 2 epochs, NAT models of "
-                            "250 + 40 updates (under one epoch), greedy distillation. Nothing converges."),
+                      directions=(("de", "en"), ("en", "de")),
+                      notes="2 CPU cores, under 30 minutes: teachers of about 2 epochs, NAT models of 250 + 40 "
+                            "updates (under one epoch), greedy distillation; the analyses on De→En only. "
+                            "Nothing converges."),
     "full": NATScale("small", dict(dropout=0.1, max_length_offset=64),
                      teacher=_steps(30000, max_tokens=8192, lr=5e-4, warmup_steps=2000, validate_every=1000,
                                     valid_max_sentences=0, patience=8),

@@ -1,0 +1,67 @@
+"""The benchmark harness (msgcore.bench): batching baselines, the analytic FLOP count, forced-length
+decoding and the report tables. Speed itself is measured by `python -m msgcore.bench`, never in a test."""
+import random
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from msgcore import bench
+from msgcore.batching import EncodedCorpus, collate, padding_efficiency, token_batches
+from msgcore.model import Transformer, preset
+from msgcore.tokenizer import BOS_ID, EOS_ID
+
+
+def test_random_batches_keep_the_budget_and_pad_more_than_length_buckets():
+    rng = random.Random(0)
+    lengths = [rng.randint(3, 60) for _ in range(500)]
+    batches = bench.random_batches(lengths, max_tokens=256)
+    assert sorted(i for b in batches for i in b) == list(range(500))
+    assert all(len(b) * max(lengths[i] for i in b) <= 256 for b in batches)
+    bucketed = token_batches(lengths, 256, shuffle=True, seed=0)
+    assert padding_efficiency(bucketed, lengths) > padding_efficiency(batches, lengths) + 0.2
+
+
+def toy_batch(B=3, S=7, T=5, vocab=50):
+    gen = torch.Generator().manual_seed(0)
+    sources = [[torch.randint(4, vocab, (S,), generator=gen).tolist() for _ in range(B)]]
+    target = [torch.randint(4, vocab, (T - 1,), generator=gen).tolist() for _ in range(B)]
+    return collate(EncodedCorpus(sources, target, BOS_ID, EOS_ID), range(B))
+
+
+def test_analytic_training_flops_match_torchs_flop_counter(monkeypatch):
+    # The counter does not see inside the fused CPU attention kernel: count the written-out attention.
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", bench.math_sdpa)
+    cfg = preset("tiny", vocab_size=50, d_model=32, d_ff=64, dropout=0.0)
+    model, batch = Transformer(cfg), toy_batch()
+    with FlopCounterMode(display=False) as counter:
+        model.loss(batch).backward()
+    assert bench.train_flops(cfg, batch) == pytest.approx(counter.get_total_flops(), rel=0.02)
+
+
+@pytest.mark.parametrize("beam", [1, 5])
+def test_forced_length_decoding_gives_every_sentence_the_same_length(beam):
+    torch.manual_seed(0)
+    model = Transformer(preset("tiny", vocab_size=50, d_model=32, d_ff=64, dropout=0.0)).eval()
+    batch = toy_batch()
+    outputs = bench.generation("msgcore", model, beam, length=6)(batch.sources[0], batch.source_masks[0])
+    assert [len(o) for o in outputs] == [6, 6, 6] and all(EOS_ID not in o for o in outputs)
+
+
+def test_tables_compute_ratios_ablation_effects_and_targets():
+    rows = [dict(kind="train", library="msgcore", preset="small", dtype="fp32", **{"target tokens/s": 300.0}),
+            dict(kind="train", library="hf", preset="small", dtype="fp32", **{"target tokens/s": 200.0}),
+            dict(kind="decode", library="msgcore", preset="small", dtype="fp32", beam=5, batch=64,
+                 **{"generated tokens/s": 150.0}),
+            dict(kind="decode", library="hf", preset="small", dtype="fp32", beam=5, batch=64,
+                 **{"generated tokens/s": 100.0}),
+            dict(kind="train", library="msgcore", preset="small", dtype="fp32", ablation="math attention",
+                 **{"target tokens/s": 240.0})]
+    for row in rows:
+        if row["kind"] == "train":
+            row.update({"peak memory (MB)": 1.0, "parameters (M)": 1.0, "model TFLOP/s": 0.1})
+    report = {"rows": rows, "ratios": bench.ratios(rows), "padding": {"length-bucketed": 0.99, "random": 0.5}}
+    tables = bench.tables(report)
+    assert list(tables["ratios"]["msgcore / HF"]) == [1.5, 1.5]
+    assert tables["ablations"].iloc[0]["speed with / without the change"] == 0.8
+    assert list(tables["targets"]["met"]) == [True, False]  # training 1.5 >= 1.3; beam-5 decoding 1.5 < 2
