@@ -77,13 +77,12 @@ TRICE_SCALES: dict[str, TriceScale] = {
         notes="CI only: checks that the chapter runs end to end; its numbers mean nothing."),
     "small": TriceScale(
         "tiny", dict(dropout=0.1),
-        pretrain=_ft(400, validate_every=0, max_tokens=2048, lr=1.5e-3), finetune=_ft(80),
-        stage1=_ft(40), stage2=_ft(40),
+        pretrain=_ft(800, validate_every=0, max_tokens=2048, lr=1.5e-3), finetune=_ft(160),
+        stage1=_ft(80), stage2=_ft(80),
         vocab_size=6000, pretrain_sentences=12000, train_examples=0, eval_examples=0, beam_size=1,
-        analysis_examples=500, ted_test_documents=10, seeds=(0, 1, 2),
-        notes="2 CPU cores, under 30 minutes for 32 training runs: 400 pre-training updates, each "
-              "finetuning run 80 updates (TRICE: 40 + 40, compute-matched), greedy decoding; the analyses "
-              "score the first 500 APE dev triplets and Table 4 the first 10 TED test talks. "
+        seeds=(0, 1, 2),
+        notes="2 CPU cores, about 20 minutes for 32 training runs: 800 pre-training updates, each "
+              "finetuning run 160 updates (TRICE: 80 + 80, compute-matched), greedy decoding. "
               "Nothing converges at this scale."),
     "full": TriceScale(
         "small", dict(dropout=0.1),
