@@ -263,15 +263,15 @@ def plan(presets: list[str], device: torch.device, skip_hf: bool, with_compile: 
     specs += [dict(kind="decode", library=lib, preset=p, dtype=dtype, beam=beam, batch=batch)
               for p in presets for beam in (1, 5) for batch in (1, 64) for lib in libraries]
     first = presets[0]
-    specs += [dict(kind="train", library="msgcore", preset=first, dtype=dtype, attention="math", ablation="math attention instead of SDPA"),
-              dict(kind="train", library="msgcore", preset=first, dtype=dtype, batching="random", ablation="random batches instead of length buckets"),
-              dict(kind="train", library="msgcore", preset=first, dtype="fp32" if dtype == "bf16" else "bf16",
+    ablation = dict(library="msgcore", preset=first, dtype=dtype)
+    specs += [dict(kind="train", **ablation, attention="math", ablation="math attention instead of SDPA"),
+              dict(kind="train", **ablation, batching="random", ablation="random batches instead of length buckets"),
+              dict(kind="train", **{**ablation, "dtype": "fp32" if dtype == "bf16" else "bf16"},
                    ablation="fp32" if dtype == "bf16" else "bf16 autocast"),
-              dict(kind="decode", library="msgcore", preset=first, dtype=dtype, beam=1, batch=64, cache=False,
+              dict(kind="decode", **ablation, beam=1, batch=64, cache=False,
                    ablation="no KV cache (greedy re-runs the prefix)")]
     if with_compile:
-        specs.append(dict(kind="train", library="msgcore", preset=first, dtype=dtype, compile=True,
-                          ablation="torch.compile"))
+        specs.append(dict(kind="train", **ablation, compile=True, ablation="torch.compile"))
     return specs
 
 
@@ -291,8 +291,9 @@ def ratios(rows: list[dict]) -> list[dict]:
         twin = _twin(rows, row, library="hf") if row["library"] == "msgcore" and "ablation" not in row else None
         if twin and "ablation" not in twin:
             metric = _metric(row)
-            out.append({"kind": row["kind"], "preset": row["preset"], "beam": row.get("beam"), "batch": row.get("batch"),
-                        "msgcore": row[metric], "hf": twin[metric], "ratio msgcore/hf": row[metric] / twin[metric]})
+            out.append({"kind": row["kind"], "preset": row["preset"], "beam": row.get("beam"),
+                        "batch": row.get("batch"), "msgcore": row[metric], "hf": twin[metric],
+                        "ratio msgcore/hf": row[metric] / twin[metric]})
     return out
 
 
@@ -321,44 +322,63 @@ def _twin(rows: list[dict], row: dict, **match) -> dict | None:
                  and all(r.get(k) == v for k, v in match.items())), None)
 
 
+def train_rows(rows: list[dict]) -> list[dict]:
+    return [{"library": r["library"], "preset": r["preset"], "dtype": r["dtype"],
+             "target tokens/s": round(r["target tokens/s"]), "peak memory (MB)": round(r["peak memory (MB)"]),
+             "parameters (M)": round(r["parameters (M)"], 1), "model TFLOP/s": round(r["model TFLOP/s"], 3),
+             "first step (s)": round(r.get("first step (s)", float("nan")), 1)} for r in rows if r["kind"] == "train"]
+
+
+def decode_rows(rows: list[dict]) -> list[dict]:
+    return [{"library": r["library"], "preset": r["preset"], "dtype": r["dtype"], "beam": r["beam"],
+             "batch": r["batch"], "generated tokens/s": round(r["generated tokens/s"])}
+            for r in rows if r["kind"] == "decode"]
+
+
+def ratio_rows(ratios_: list[dict]) -> list[dict]:
+    return [{"measurement": r["kind"] + ("" if r["kind"] == "train" else f", beam {r['beam']}, batch {r['batch']}"),
+             "preset": r["preset"], "msgcore": round(r["msgcore"]), "Hugging Face": round(r["hf"]),
+             "msgcore / HF": round(r["ratio msgcore/hf"], 2)} for r in ratios_]
+
+
+def ablation_rows(rows: list[dict], plain: list[dict]) -> list[dict]:
+    """Each ablation against msgcore's row measured the same way without it."""
+    out = []
+    for r in rows:
+        base = _twin(plain, r, library="msgcore") if "ablation" in r else None
+        if base:
+            metric = _metric(r)
+            out.append({"measurement": r["kind"], "preset": r["preset"], "change": r["ablation"],
+                        "msgcore as is": round(base[metric]), "with the change": round(r[metric]),
+                        "speed with / without the change": round(r[metric] / base[metric], 2),
+                        "first step (s)": round(r["first step (s)"], 1) if "first step (s)" in r else None})
+    return out
+
+
+def target_rows(report: dict) -> list[dict]:
+    """Each target of TARGETS against what was measured."""
+    out = []
+    for r in report["ratios"]:
+        if r["kind"] == "train" or r["beam"] == 5:
+            goal = TARGETS[r["kind"]]
+            what = "training" if r["kind"] == "train" else f"beam-5 decoding, batch {r['batch']}"
+            out.append({"target": f"{what} ({r['preset']}): msgcore >= {goal}x HF",
+                        "measured": f"{r['ratio msgcore/hf']:.2f}x", "met": r["ratio msgcore/hf"] >= goal})
+    for name, mfu in report.get("mfu", {}).items():
+        out.append({"target": f"MFU of {name} training >= {TARGETS['mfu']:.0%}", "measured": f"{mfu:.1%}",
+                    "met": mfu >= TARGETS["mfu"]})
+    return out
+
+
 def tables(report: dict) -> dict:
     """The report as pandas tables: train, decode, ratios, ablations, padding and targets."""
     import pandas as pd
 
     rows = report["rows"]
     plain = [r for r in rows if "ablation" not in r]
-    train = pd.DataFrame([{"library": r["library"], "preset": r["preset"], "dtype": r["dtype"],
-                           "target tokens/s": round(r["target tokens/s"]), "peak memory (MB)": round(r["peak memory (MB)"]),
-                           "parameters (M)": round(r["parameters (M)"], 1), "model TFLOP/s": round(r["model TFLOP/s"], 3),
-                           "first step (s)": round(r.get("first step (s)", float("nan")), 1)}
-                          for r in plain if r["kind"] == "train"])
-    decode = pd.DataFrame([{"library": r["library"], "preset": r["preset"], "dtype": r["dtype"], "beam": r["beam"],
-                            "batch": r["batch"], "generated tokens/s": round(r["generated tokens/s"])}
-                           for r in plain if r["kind"] == "decode"])
-    ratio_rows = [{"measurement": r["kind"] + ("" if r["kind"] == "train" else f", beam {r['beam']}, batch {r['batch']}"),
-                   "preset": r["preset"], "msgcore": round(r["msgcore"]), "Hugging Face": round(r["hf"]),
-                   "msgcore / HF": round(r["ratio msgcore/hf"], 2)} for r in report["ratios"]]
-    ablations = []
-    for r in rows:
-        base = _twin(plain, r, library="msgcore") if "ablation" in r else None
-        if base:
-            metric = _metric(r)
-            ablations.append({"measurement": r["kind"], "preset": r["preset"], "change": r["ablation"],
-                              "msgcore as is": round(base[metric]), "with the change": round(r[metric]),
-                              "speed with / without the change": round(r[metric] / base[metric], 2),
-                              "first step (s)": round(r["first step (s)"], 1) if "first step (s)" in r else None})
-    targets = []
-    for r in report["ratios"]:
-        if r["kind"] == "train" or r["beam"] == 5:
-            goal = TARGETS[r["kind"]]
-            what = "training" if r["kind"] == "train" else f"beam-5 decoding, batch {r['batch']}"
-            targets.append({"target": f"{what} ({r['preset']}): msgcore >= {goal}x HF",
-                            "measured": f"{r['ratio msgcore/hf']:.2f}x", "met": r["ratio msgcore/hf"] >= goal})
-    for name, mfu in report.get("mfu", {}).items():
-        targets.append({"target": f"MFU of {name} training >= {TARGETS['mfu']:.0%}", "measured": f"{mfu:.1%}",
-                        "met": mfu >= TARGETS["mfu"]})
-    return {"train": train, "decode": decode, "ratios": pd.DataFrame(ratio_rows), "ablations": pd.DataFrame(ablations),
-            "padding": pd.DataFrame([report["padding"]]), "targets": pd.DataFrame(targets)}
+    return {"train": pd.DataFrame(train_rows(plain)), "decode": pd.DataFrame(decode_rows(plain)),
+            "ratios": pd.DataFrame(ratio_rows(report["ratios"])), "ablations": pd.DataFrame(ablation_rows(rows, plain)),
+            "padding": pd.DataFrame([report["padding"]]), "targets": pd.DataFrame(target_rows(report))}
 
 
 def markdown(report: dict) -> str:
@@ -390,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-hf", action="store_true", help="msgcore rows only (no transformers needed)")
     parser.add_argument("--compile", action="store_true", help="add a torch.compile training row")
     parser.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0 = default)")
-    parser.add_argument("--out", default="book/benchmarks", help="folder for <device>.json and .md (the appendix reads it)")
+    parser.add_argument("--out", default="book/benchmarks",
+                        help="folder for <device>.json and .md (the book's appendix reads it)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
