@@ -61,7 +61,8 @@ def test_find_chapters_follows_the_toc(tiny_book: Path) -> None:
 
 
 def test_repo_toc_lists_the_chapters_in_order() -> None:
-    assert list(book.find_chapters(REPO_ROOT)) == ["ch00_transformer_baseline", "ch01_trice", "ch05_coverage_nat"]
+    assert list(book.find_chapters(REPO_ROOT)) == ["ch00_transformer_baseline", "ch01_trice", "ch05_coverage_nat",
+                                               "appendix_performance"]
 
 
 def test_select_chapters_accepts_paths_and_keeps_toc_order(tiny_book: Path) -> None:
