@@ -427,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = BenchConfig(device=args.device, threads=args.threads, warmup_steps=1, timed_steps=2, decode_length=5,
                           decode_batches=1, batch1_sentences=2)
     try:
+        for name in args.presets:
+            preset(name)  # an unknown preset is refused before any worker starts
         device = resolve_device(cfg.device)
         rows = []
         for spec in plan(args.presets, device, args.skip_hf, args.compile):

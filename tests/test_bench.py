@@ -65,3 +65,9 @@ def test_tables_compute_ratios_ablation_effects_and_targets():
     assert list(tables["ratios"]["msgcore / HF"]) == [1.5, 1.5]
     assert tables["ablations"].iloc[0]["speed with / without the change"] == 0.8
     assert list(tables["targets"]["met"]) == [True, False]  # training 1.5 >= 1.3; beam-5 decoding 1.5 < 2
+
+
+def test_an_unknown_preset_is_refused_before_any_work(tmp_path, capsys):
+    assert bench.main(["--presets", "huge", "--skip-hf", "--out", str(tmp_path / "out")]) == 2
+    assert "unknown preset 'huge'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
