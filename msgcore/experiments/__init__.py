@@ -7,6 +7,7 @@ stages live beside it (e.g. `msgcore.experiments.trice`).
 """
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from msgcore import runcache
 from msgcore.batching import EncodedCorpus, encode_corpus
 from msgcore.data import Corpus, load_multi30k, synthetic_corpus
 from msgcore.generation import GenerationConfig
@@ -21,7 +23,7 @@ from msgcore.metrics import Score, corpus_score
 from msgcore.model import Transformer, TransformerConfig, preset
 from msgcore.tokenizer import Tokenizer
 from msgcore.trainer import Trainer, TrainConfig, translate_encoded
-from msgcore.utils import DataError, MsgcoreError
+from msgcore.utils import DataError, MsgcoreError, atomic_write
 
 
 @dataclass
@@ -53,6 +55,18 @@ BASELINE_SCALES: dict[str, Scale] = {
                   vocab_size=8000, beam_size=5,
                   notes="One GPU; early stopping on dev BLEU."),
 }
+
+
+# The command line's recipe for each model preset: the chapter-0 scale that trains that preset for real.
+CLI_RECIPE_SCALES = {"tiny": "small", "small": "full", "base": "full"}
+
+
+def cli_recipe(preset_name: str) -> dict:
+    """`python -m msgcore train`'s defaults for a preset, read from chapter 0's BASELINE_SCALES."""
+    scale = BASELINE_SCALES[CLI_RECIPE_SCALES.get(preset_name, "full")]
+    return {"lr": scale.train.lr, "warmup": scale.train.warmup_steps, "max_tokens": scale.train.max_tokens,
+            "max_epochs": scale.train.max_epochs, "patience": scale.train.patience,
+            "dropout": scale.model.get("dropout", 0.1), "vocab_size": scale.vocab_size}
 
 
 def get_scale(scales: dict[str, Scale], name: str) -> Scale:
@@ -125,8 +139,9 @@ def limit_eval_splits(data: TranslationData, n: int) -> TranslationData:
 class RunResult:
     model: Transformer  # the best checkpoint's model, in eval mode
     history: list[dict]  # the trainer's log rows
-    wall_time_s: float  # training wall time
-    out_dir: Path  # where log.json and the checkpoints are
+    wall_time_s: float  # training wall time (of the original run, when reused from the cache)
+    out_dir: Path  # where log.json and the checkpoints are (the run cache's entry, when the cache is on)
+    reused: bool = False  # True when the run came from the run cache instead of being trained now
 
 
 def train_translation(data: TranslationData, scale: Scale, device: torch.device, out_dir: str | Path,
@@ -138,18 +153,73 @@ def train_translation(data: TranslationData, scale: Scale, device: torch.device,
     return train_model(Transformer(cfg), data, replace(scale.train, seed=seed, progress=progress), device, out_dir)
 
 
+CODE_FILES = ("attention.py", "layers.py", "embeddings.py", "model.py", "batching.py", "trainer.py", "noising.py")
+
+
+def code_fingerprint(model) -> str:
+    """The source of the modules that decide a run's result: the shared core and the model's own file."""
+    import inspect
+
+    core = Path(__file__).resolve().parent.parent
+    files = [core / name for name in CODE_FILES] + [Path(inspect.getsourcefile(type(model)))]
+    return runcache.fingerprint([f.read_text() for f in files if f.is_file()])
+
+
+def run_key(model, train_cfg: TrainConfig, train: EncodedCorpus, valid: EncodedCorpus, refs: list[str]) -> str:
+    """What decides a training run's result (the device does not: a GPU run serves a CPU notebook)."""
+    recipe = replace(train_cfg, progress=False)
+    return runcache.fingerprint(type(model).__name__, model.cfg, model.state_dict(), recipe, train, valid, refs,
+                                code_fingerprint(model))
+
+
 def train_model(model, data: TranslationData, train_cfg: TrainConfig, device: torch.device,
                 out_dir: str | Path, train: EncodedCorpus | None = None,
                 valid: EncodedCorpus | None = None) -> RunResult:
     """Train `model` on data.encoded["train"] (or `train`), validate on "val" (or `valid`, same
-    references), and reload the checkpoint with the best dev BLEU."""
-    trainer = Trainer(model, data.tokenizer, train or data.encoded["train"], valid or data.encoded["val"],
-                      data.corpora["val"].target, train_cfg, device, out_dir)
+    references), and reload the checkpoint with the best dev BLEU.
+
+    The run goes through the run cache (msgcore.runcache): a finished run with the same key is loaded
+    instead of trained, an interrupted one resumes from its last.pt. `out_dir/run.json` points at the entry."""
+    train, valid = train or data.encoded["train"], valid or data.encoded["val"]
+    refs = data.corpora["val"].target
+    entry = runcache.entry_dir("run", run_key(model, train_cfg, train, valid, refs))
+    folder = entry or Path(out_dir)
+    meta = runcache.finished(entry) if entry else None
+    if meta is not None:
+        result = load_finished_run(model, folder, meta, device)
+    else:
+        result = run_training(model, data, train_cfg, device, folder, train, valid, refs)
+        if entry:
+            (folder / "last.pt").unlink(missing_ok=True)  # the optimizer state is not needed once finished
+            runcache.mark_finished(folder, ["best.pt", "log.json"], wall_time_s=result.wall_time_s,
+                                   device=str(device), model_class=type(model).__name__)
+    if entry:
+        with atomic_write(Path(out_dir) / "run.json") as f:
+            json.dump({"cache_entry": str(folder), "reused": result.reused}, f)
+    return result
+
+
+def run_training(model, data: TranslationData, train_cfg: TrainConfig, device: torch.device, folder: Path,
+                 train: EncodedCorpus, valid: EncodedCorpus, refs: list[str]) -> RunResult:
+    trainer = Trainer(model, data.tokenizer, train, valid, refs, train_cfg, device, folder)
+    if (folder / "last.pt").is_file():
+        print(f"resuming the interrupted run in {folder}")
+        trainer.resume(folder / "last.pt")
     start = time.perf_counter()
     history = trainer.train()
     wall = time.perf_counter() - start
-    trainer.resume(Path(out_dir) / "best.pt")
-    return RunResult(trainer.model.eval(), history, wall, Path(out_dir))
+    trainer.resume(folder / "best.pt")
+    return RunResult(trainer.model.eval(), history, wall, folder)
+
+
+def load_finished_run(model, folder: Path, meta: dict, device: torch.device) -> RunResult:
+    from msgcore.trainer import load_checkpoint
+
+    model.load_state_dict(load_checkpoint(folder / "best.pt")["model"])
+    history = json.loads((folder / "log.json").read_text())
+    runcache.REUSED.append(folder.name)
+    print(f"reused cached run {folder.name} (trained in {meta['wall_time_s'] / 60:.1f} min on {meta['device']})")
+    return RunResult(model.to(device).eval(), history, meta["wall_time_s"], folder, reused=True)
 
 
 def evaluate(model, data: TranslationData, split: str, scale: Scale, device: torch.device,

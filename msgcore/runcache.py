@@ -1,0 +1,130 @@
+"""The run cache: each training run (and each costly artefact, e.g. distilled data) is computed once and reused.
+
+A run is keyed by a fingerprint of everything that decides its result: the model's class, configuration and
+initial weights, the training configuration (seed included), and the token ids of its training and validation
+data. A finished run's folder under the cache holds `best.pt`, `log.json` and `meta.json`; `meta.json` is
+written last, atomically, and carries the SHA-256 of `best.pt`, so an entry without it is unfinished (its
+`last.pt` resumes the run) and an entry whose checkpoint no longer matches is corrupt (retrained, with a
+warning).
+
+    cache root: $MSGCORE_RUNS, else ~/.cache/msgcore/runs      ($MSGCORE_RUNS=off disables the cache)
+
+Chapter 5 reuses chapter 0's model as its teacher this way, and the later chapters reuse chapter 1's
+denoising model: they ask for the same run, and get the cached one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from msgcore.utils import atomic_write
+
+REUSED: list[str] = []  # the names of the runs this process reused, in order (the book runner prints them)
+
+
+def cache_root() -> Path | None:
+    """The cache folder, or None when `MSGCORE_RUNS=off`."""
+    root = os.environ.get("MSGCORE_RUNS", "")
+    if root.lower() in ("off", "0", "none"):
+        return None
+    return Path(root) if root else Path.home() / ".cache" / "msgcore" / "runs"
+
+
+def _feed(h, obj) -> None:
+    """Hash `obj` into `h` by value: tensors by bytes, containers recursively, dataclasses by fields."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(obj, dict):
+        h.update(b"D")
+        for key in sorted(obj, key=str):
+            _feed(h, str(key))
+            _feed(h, obj[key])
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"L{len(obj)}".encode())
+        if obj and all(type(x) is int for x in obj):  # token ids: one fast update
+            h.update(json.dumps(obj).encode())
+        else:
+            for x in obj:
+                _feed(h, x)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        h.update(type(obj).__name__.encode())
+        _feed(h, {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
+    elif isinstance(obj, bytes):
+        h.update(b"B" + obj)
+    else:
+        h.update(repr(obj).encode())
+
+
+def fingerprint(*objects) -> str:
+    """A short, stable SHA-256 fingerprint of `objects` by value."""
+    h = hashlib.sha256()
+    for obj in objects:
+        _feed(h, obj)
+    return h.hexdigest()[:16]
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def entry_dir(kind: str, key: str) -> Path | None:
+    root = cache_root()
+    return None if root is None else root / f"{kind}-{key}"
+
+
+def finished(entry: Path) -> dict | None:
+    """The entry's meta.json when the entry is complete and its checkpoint verifies; None when unfinished.
+    A corrupt entry is removed, with a warning, so that it is rebuilt."""
+    meta_path = entry / "meta.json"
+    if not meta_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+        for name, digest in meta["files"].items():
+            if file_sha256(entry / name) != digest:
+                raise ValueError(f"{name} does not match its checksum")
+    except (OSError, ValueError, KeyError) as error:
+        warnings.warn(f"run cache entry {entry} is corrupt ({error}); rebuilding it")
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
+    return meta
+
+
+def mark_finished(entry: Path, files: list[str], **info) -> dict:
+    """Write meta.json (last, atomically): the checksums of `files` plus `info`."""
+    meta = {"files": {name: file_sha256(entry / name) for name in files}, **info}
+    with atomic_write(entry / "meta.json") as f:
+        json.dump(meta, f, indent=1)
+    return meta
+
+
+def cached_artifact(kind: str, key: dict, build: Callable[[], object]):
+    """`build()`'s result, computed once per `key` and stored with torch.save (e.g. distilled targets)."""
+    entry = entry_dir(kind, fingerprint(kind, key))
+    if entry is None:
+        return build()
+    if finished(entry) is not None:
+        REUSED.append(entry.name)
+        return torch.load(entry / "artifact.pt", weights_only=False)
+    value = build()
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    with atomic_write(entry / "artifact.pt", "wb") as f:
+        f.write(buffer.getvalue())
+    mark_finished(entry, ["artifact.pt"], kind=kind)
+    return value

@@ -1,0 +1,122 @@
+"""The run cache: a hit on the same recipe, a miss on any change, a corrupt entry rebuilt, an interrupted run resumed."""
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from msgcore import runcache
+from msgcore.batching import encode_corpus
+from msgcore.experiments import TranslationData, synthetic_splits, train_model
+from msgcore.tokenizer import Tokenizer
+from msgcore.model import Transformer, preset
+from msgcore.trainer import TrainConfig
+
+
+@pytest.fixture(scope="module")
+def toy():
+    corpora = synthetic_splits(("train", "val"), num_sources=1, seed=0)
+    corpora = {"train": corpora["train"].subset(range(300)), "val": corpora["val"].subset(range(20))}
+    tokenizer = Tokenizer.train(corpora["train"].texts(), vocab_size=60, model_type="unigram", seed=0)
+    return TranslationData(tokenizer, corpora, {s: encode_corpus(c, tokenizer) for s, c in corpora.items()})
+
+
+def cfg(**kw):
+    return TrainConfig(**{**dict(lr=1e-3, warmup_steps=5, max_tokens=512, max_epochs=1, max_steps=6, progress=False,
+                                 valid_max_sentences=20), **kw})
+
+
+def fresh_model(data, seed=0):
+    torch.manual_seed(seed)
+    return Transformer(preset("tiny", vocab_size=data.tokenizer.vocab_size, pad_id=data.tokenizer.pad_id))
+
+
+def test_fingerprint_is_by_value():
+    a = {"x": torch.arange(4), "y": [1, 2, 3], "z": cfg()}
+    b = {"z": cfg(), "y": [1, 2, 3], "x": torch.arange(4)}
+    assert runcache.fingerprint(a) == runcache.fingerprint(b)
+    assert runcache.fingerprint(a) != runcache.fingerprint({**a, "x": torch.arange(1, 5)})
+    assert runcache.fingerprint(cfg()) != runcache.fingerprint(cfg(lr=2e-3))
+
+
+def test_same_recipe_is_reused_and_gives_the_same_weights(toy, tmp_path):
+    first = train_model(fresh_model(toy), toy, cfg(), torch.device("cpu"), tmp_path / "a")
+    second = train_model(fresh_model(toy), toy, cfg(), torch.device("cpu"), tmp_path / "b")
+    assert not first.reused and second.reused
+    assert first.out_dir == second.out_dir
+    for p, q in zip(first.model.state_dict().values(), second.model.state_dict().values()):
+        assert torch.equal(p, q)
+    assert second.history == first.history
+    assert json.loads((tmp_path / "b" / "run.json").read_text())["reused"] is True
+
+
+@pytest.mark.parametrize("change", ["lr", "seed", "init", "data"])
+def test_any_change_of_recipe_is_a_miss(toy, tmp_path, change):
+    train_model(fresh_model(toy), toy, cfg(), torch.device("cpu"), tmp_path / "a")
+    model, train_cfg, train = fresh_model(toy), cfg(), None
+    if change == "lr":
+        train_cfg = cfg(lr=2e-3)
+    elif change == "seed":
+        train_cfg = cfg(seed=1)
+    elif change == "init":
+        model = fresh_model(toy, seed=1)
+    else:
+        train = replace(toy.encoded["train"], target=toy.encoded["train"].target[:-1],
+                        sources=[s[:-1] for s in toy.encoded["train"].sources])
+    assert not train_model(model, toy, train_cfg, torch.device("cpu"), tmp_path / "b", train=train).reused
+
+
+def test_corrupt_entry_is_refused_and_rebuilt(toy, tmp_path):
+    first = train_model(fresh_model(toy), toy, cfg(), torch.device("cpu"), tmp_path / "a")
+    with open(first.out_dir / "best.pt", "r+b") as f:
+        f.seek(100)
+        f.write(b"garbage")
+    with pytest.warns(UserWarning, match="corrupt"):
+        again = train_model(fresh_model(toy), toy, cfg(), torch.device("cpu"), tmp_path / "b")
+    assert not again.reused
+    for p, q in zip(first.model.state_dict().values(), again.model.state_dict().values()):
+        assert torch.equal(p, q)  # same seed and recipe: the rebuilt run is the same run
+
+
+def test_interrupted_run_resumes_to_the_same_result(toy, tmp_path, monkeypatch):
+    straight = train_model(fresh_model(toy), toy, cfg(max_steps=8, validate_every=4), torch.device("cpu"), tmp_path / "a")
+    monkeypatch.setenv("MSGCORE_RUNS", str(tmp_path / "other-cache"))
+    from msgcore.trainer import Trainer
+
+    calls = {"n": 0}
+    real_step = Trainer.train_step
+
+    def dying_step(self, batches):
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise KeyboardInterrupt  # a kill after the step-4 checkpoint
+        return real_step(self, batches)
+
+    monkeypatch.setattr(Trainer, "train_step", dying_step)
+    with pytest.raises(KeyboardInterrupt):
+        train_model(fresh_model(toy), toy, cfg(max_steps=8, validate_every=4), torch.device("cpu"), tmp_path / "b")
+    monkeypatch.setattr(Trainer, "train_step", real_step)
+    resumed = train_model(fresh_model(toy), toy, cfg(max_steps=8, validate_every=4), torch.device("cpu"), tmp_path / "c")
+    assert not resumed.reused
+    assert [r["step"] for r in resumed.history] == [r["step"] for r in straight.history]
+    for p, q in zip(straight.model.state_dict().values(), resumed.model.state_dict().values()):
+        assert torch.equal(p, q)
+
+
+def test_cached_artifact_is_built_once(monkeypatch):
+    calls = []
+
+    def build():
+        calls.append(1)
+        return {"ids": [[1, 2], [3]]}
+
+    assert runcache.cached_artifact("toy", {"k": 1}, build) == {"ids": [[1, 2], [3]]}
+    assert runcache.cached_artifact("toy", {"k": 1}, build) == {"ids": [[1, 2], [3]]}
+    runcache.cached_artifact("toy", {"k": 2}, build)
+    assert len(calls) == 2
+
+
+def test_cache_can_be_turned_off(toy, tmp_path, monkeypatch):
+    monkeypatch.setenv("MSGCORE_RUNS", "off")
+    run = train_model(fresh_model(toy), toy, cfg(), torch.device("cpu"), tmp_path / "a")
+    assert run.out_dir == tmp_path / "a" and (tmp_path / "a" / "best.pt").is_file() and not run.reused
