@@ -266,3 +266,22 @@ def mean_std(values) -> str:
     if len(values) == 1:
         return f"{values[0]:.2f}"
     return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+BASELINE_DIRECTIONS = (("de", "en"), ("en", "de"))  # chapter 0 trains both; the De→En tokenizer serves both
+
+
+def baseline_data(scale: Scale, seed: int = 0, allow_synthetic: bool = False) -> dict[str, TranslationData]:
+    """Chapter 0's data: De→En and En→De on one joint tokenizer (trained on the De→En training side)."""
+    de_en = prepare_translation("de", "en", scale, seed=seed, allow_synthetic=allow_synthetic)
+    en_de = prepare_translation("en", "de", scale, seed=seed, tokenizer=de_en.tokenizer, allow_synthetic=allow_synthetic)
+    return {"De→En": de_en, "En→De": en_de}
+
+
+def train_baselines(scale_name: str, device: torch.device, out_dir: str | Path, seed: int = 0,
+                    data: dict[str, TranslationData] | None = None) -> dict[str, RunResult]:
+    """Every training run of chapter 0 (one per direction), through the run cache: chapter 5's teachers."""
+    scale = get_scale(BASELINE_SCALES, scale_name)
+    data = data or baseline_data(scale, seed, allow_synthetic=scale_name == "smoke")
+    return {name: train_translation(d, scale, device, Path(out_dir) / name.replace("→", "-"), seed=seed)
+            for name, d in data.items()}
