@@ -123,23 +123,39 @@ def test_predicted_lengths_are_at_least_one():
 
 # ---- 4. sentence-level coverage agreement -------------------------------------------------------------
 
-def test_coverage_agreement_is_zero_for_the_source_bag_and_positive_otherwise():
+def test_coverage_agreement_equals_eq_11_to_14_by_hand_and_does_not_project_the_hypothesis():
     torch.manual_seed(0)
-    V, D = 20, 16
-    embedding = torch.randn(V, D)
+    V, D = 6, 4
+    E = torch.randn(V, D)  # source embedding
+    W_e = torch.randn(V, D)  # target embedding
     projection = nn.Linear(D, D, bias=False)
-    src = torch.tensor([[5, 7, 9, 3], [4, 4, 6, 0]])
+    src = torch.tensor([[1, 2, 3], [4, 5, 0]])
     src_mask = src != 0
-    probs = nn.functional.one_hot(src, V).float()  # p_t reproduces the source, same length
-    same = coverage_agreement(src, src_mask, probs, src_mask, embedding, embedding, projection)
+    probs = torch.softmax(torch.randn(2, 2, V), -1)
+    tgt_mask = torch.tensor([[True, True], [True, False]])
+    got = coverage_agreement(src, src_mask, probs, tgt_mask, E, W_e, projection)
+    W_s = projection.weight.T  # Linear computes x @ weight.T
+    for b in range(2):
+        n = int(src_mask[b].sum())
+        e_src = sum(torch.relu(E[src[b, i]] @ W_s) for i in range(n)) / n  # Eq. (11)
+        T = int(tgt_mask[b].sum())
+        e_hyp = sum(probs[b, t] @ W_e for t in range(T)) / T  # Eq. (12-13): no projection, no ReLU
+        expected = torch.sqrt(((e_src - e_hyp) ** 2).sum()) / D ** 0.5  # Eq. (14)
+        assert got[b].item() == pytest.approx(expected.item(), rel=1e-5)
+    # W_s acts on the source only: collapsing it leaves ||E_hyp|| / sqrt(d), not zero
+    with torch.no_grad():
+        projection.weight.zero_()
+    collapsed = coverage_agreement(src, src_mask, probs, tgt_mask, E, W_e, projection)
+    e_hyp = torch.stack([(probs[b, :int(tgt_mask[b].sum())] @ W_e).mean(0) for b in range(2)])
+    torch.testing.assert_close(collapsed, e_hyp.norm(dim=-1) / D ** 0.5)
+    assert (collapsed > 1e-3).all()
+    # a hypothesis whose expected embedding is the projected source bag gives zero
+    with torch.no_grad():
+        projection.weight.copy_(torch.eye(D))
+    positive = E.abs()  # ReLU(E I) = E for non-negative embeddings
+    one_hot = nn.functional.one_hot(src, V).float()
+    same = coverage_agreement(src, src_mask, one_hot, src_mask, positive, positive, projection)
     torch.testing.assert_close(same, torch.zeros(2), atol=1e-6, rtol=0)
-    reordered = probs.flip(1)  # a bag of words ignores order (the padding moves with the mask)
-    assert coverage_agreement(src, src_mask, reordered, src_mask.flip(1), embedding, embedding,
-                              projection).max() < 1e-5
-    other = nn.functional.one_hot(torch.tensor([[5, 7, 9, 9], [4, 11, 6, 0]]), V).float()
-    assert (coverage_agreement(src, src_mask, other, src_mask, embedding, embedding, projection) > 1e-3).all()
-    soft = torch.softmax(torch.randn(2, 4, V), -1)
-    assert (coverage_agreement(src, src_mask, soft, src_mask, embedding, embedding, projection) > 1e-3).all()
 
 
 def test_loss_parts_and_weights():
@@ -182,25 +198,85 @@ def test_lpd_candidates():
 
 # ---- 6. iterations, lambda and NAT-Base ------------------------------------------------------------------
 
-def test_iterations_matter_only_with_coverage_and_nonzero_lambda():
+def test_tcir_iterations_are_chained():
+    """Each iteration runs self-attention, cross-attention and FFN on the previous iteration's output (Eq. 7-10)."""
     tokens, mask = source_batch()
     target_mask = lengths_mask([4, 6, 5])
-    model = nat(coverage_scale_init=3.0)
-    assert isinstance(model.decoder.layers[-1], CoverageDecoderLayer)
-    one, three = (decoded(model, tokens, mask, target_mask, k) for k in (1, 3))
-    assert not torch.allclose(one, three, atol=1e-4)
+    model = nat()
+    layer = model.decoder.layers[-1]
+    assert isinstance(layer, CoverageDecoderLayer)
+    outputs = {k: decoded(model, tokens, mask, target_mask, k) for k in (1, 3, 5)}
+    assert not torch.allclose(outputs[3], outputs[5], atol=1e-4)  # K_dec = 3 and 5 differ
+    assert not torch.allclose(outputs[1], outputs[3], atol=1e-4)
+    # iteration k's input (what its self-attention normalises) is iteration k-1's output H^{k-1}
+    inputs, states = [], []
+    handle = layer.self_attn_norm.register_forward_hook(lambda m, args, out: inputs.append(args[0].detach()))
+    memory = model.encode([tokens], [mask])
+    below = model.decoder.inputs(target_mask, memory[0])
+    self_mask = target_mask[:, None, None, :]
     with torch.no_grad():
-        model.decoder.layers[-1].coverage_scale.zero_()
-    torch.testing.assert_close(decoded(model, tokens, mask, target_mask, 1),
-                               decoded(model, tokens, mask, target_mask, 3))
+        h0, a0 = model.decoder.layers[0](below, memory, self_mask, True)
+        h_k, _ = layer(h0, memory, self_mask, target_mask, a0.mean(1), 3, states=states)
+    handle.remove()
+    assert len(inputs) == 3 and len(states) == 3
+    torch.testing.assert_close(inputs[0], h0)
+    torch.testing.assert_close(inputs[1], states[0])
+    torch.testing.assert_close(inputs[2], states[1])
+    torch.testing.assert_close(h_k, states[2])
+    # with lambda = 0, the iterations still differ (they are chained), and K = 1 is the plain layer
+    with torch.no_grad():
+        layer.coverage_scale.zero_()
+    assert not torch.allclose(decoded(model, tokens, mask, target_mask, 1),
+                              decoded(model, tokens, mask, target_mask, 3), atol=1e-4)
     base = nat(use_coverage=False)
     assert type(base.decoder.layers[-1]) is NATDecoderLayer
     torch.testing.assert_close(decoded(base, tokens, mask, target_mask, 1), decoded(base, tokens, mask, target_mask, 3))
-    # lambda = 0: the coverage layer is exactly the plain layer with the same weights
     missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
     assert missing == ["decoder.layers.1.coverage_scale"] and not unexpected
-    torch.testing.assert_close(decoded(model, tokens, mask, target_mask, 2),
-                               decoded(base, tokens, mask, target_mask))
+    torch.testing.assert_close(decoded(model, tokens, mask, target_mask, 1), decoded(base, tokens, mask, target_mask))
+
+
+def test_uniform_copy_inputs_are_the_source_embeddings_at_round_i_s_over_t():
+    model = nat()
+    tokens, mask = source_batch(B=3, S=7)  # real source lengths 5, 7, 7
+    target_mask = lengths_mask([4, 9, 3], T=9)
+    memory = model.encode([tokens], [mask])
+    got = model.decoder.inputs(target_mask, memory[0])  # (B, T, D), dropout 0 in eval
+    embed = model.decoder.embed
+    for b in range(3):
+        S, T = int(mask[b].sum()), int(target_mask[b].sum())
+        for i in range(T):
+            j = min(int(i * S / T + 0.5), S - 1)
+            expected = embed.scale * embed.tokens.weight[tokens[b, j]] + embed.positions.table[i]
+            torch.testing.assert_close(got[b, i], expected)
+    assert model.decoder.input_tokens(target_mask, memory[0])[~target_mask].eq(0).all()  # padding gets <pad>
+    # the paper's <unk> inputs: every position the same vector but for its position encoding
+    unk = nat(decoder_input="unk")
+    x = unk.decoder.inputs(target_mask, unk.encode([tokens], [mask])[0])
+    torch.testing.assert_close(x[1] - unk.decoder.embed.positions.table[:9],
+                               (unk.decoder.embed.scale * unk.decoder.embed.tokens.weight[unk.cfg.unk_id]).expand(9, -1))
+    with pytest.raises(MsgcoreError, match="decoder_input"):
+        nat(decoder_input="soft")
+
+
+def test_nat_loss_uses_the_trainers_label_smoothing():
+    model = nat().eval()
+    tokens, mask = source_batch()
+    target_mask = lengths_mask([3, 5, 4], T=5)
+    target = torch.randint(4, 40, (3, 5)).masked_fill(~target_mask, 0)
+    batch = type("B", (), dict(sources=[tokens], source_masks=[mask], target_mask=target_mask, target_out=target))()
+    plain, smoothed = model.loss_terms(batch, 0.0)["mle"], model.loss_terms(batch, 0.1)["mle"]
+    assert abs(plain.item() - smoothed.item()) > 1e-4
+    with torch.no_grad():
+        logp = torch.log_softmax(model(batch).float(), -1)[target_mask]  # (N, V) real positions
+    nll = -logp.gather(1, target[target_mask][:, None]).squeeze(1)
+    uniform = -logp.mean(1)
+    assert smoothed.item() == pytest.approx((0.9 * nll + 0.1 * uniform).mean().item(), rel=1e-5)
+    assert plain.item() == pytest.approx(nll.mean().item(), rel=1e-5)
+    # the Trainer's hook passes its epsilon through
+    n = target_mask.sum()
+    assert (model.loss(batch, 0.1) / n).item() == pytest.approx(model.loss_terms(batch, 0.1)["total"].item(), rel=1e-5)
+    assert abs((model.loss(batch, 0.1) - model.loss(batch, 0.0)).item()) > 1e-4
 
 
 def test_coverage_needs_a_layer_below():
@@ -221,7 +297,7 @@ def test_tiny_model_overfits_and_generates(tmp_path):
                                           encoder_layers=2, decoder_layers=2, dropout=0.0,
                                           max_length_offset=16, coverage_iterations=2))
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(150):
+    for _ in range(80):
         model.train()
         loss = model.loss_terms(batch)["total"]
         optimizer.zero_grad()

@@ -8,22 +8,26 @@ Notation (batch-first; the paper's symbols where it has them):
     L               decoder layers; the top one (layer L) becomes the coverage layer
     A^k (T x S)     inter-attention (encoder-decoder attention) of iteration k, averaged over heads;
                     A^0 is the cross-attention of decoder layer L-1
-    C^k, B^k        coverage and coverage bias of iteration k                           §III-B, Eq. (6-7)
-    lambda          trainable scale of the coverage bias in the attention logits       Eq. (8)
+    H^k             hidden states of iteration k; H^0 is the output of decoder layer L-1  §III-B, Eq. (7-10)
+    C^k, B^k        coverage and coverage bias of iteration k                           Eq. (6), (8)
+    lambda          trainable scale of the coverage bias in the attention logits       Eq. (9)
     K               iterations of the coverage layer: K_train (config) and K_dec (argument)
-    E, W_s, W_e     source embedding, bag-of-words projection, target embedding        §III-C, Eq. (11-13)
+    E, W_s, W_e     source embedding, source projection, target embedding              §III-C, Eq. (11-14)
     p_t             output distribution at target position t
-    alpha, beta     weights of the length and coverage-agreement losses               Eq. (15)
+    alpha, beta     weights of the length and coverage-agreement losses               Eq. (15-16)
 What this file changes with respect to msgcore.model.Transformer:
-    * NAT-Base (§III-A): a non-causal decoder whose input at every target position is the <unk>
-      embedding plus the position; a length predictor over (target - source) length offsets;
-    * TCIR (§III-B): the top decoder layer is run K times, its cross-attention biased by how much
-      of each source token the earlier target positions already covered;
-    * SCA (§III-C): a loss pulling the bag-of-words of the (soft) hypothesis towards the source's;
+    * NAT-Base (§III-A): a non-causal decoder fed, at every target position, a uniform copy of the
+      source embeddings (Gu et al. 2018) or, as in the paper, the <unk> embedding, plus the position;
+      a length predictor over (target - source) length offsets;
+    * TCIR (§III-B): the top decoder layer is run K times, each iteration on the previous one's output,
+      its cross-attention biased by how much of each source token the earlier target positions covered
+      in the previous iteration;
+    * SCA (§III-C): a loss pulling the expected embedding of the (soft) hypothesis towards the
+      projected bag-of-words of the source;
     * the losses (`CoverageNAT.loss`) and parallel decoding (`generate_nat`, `generate_lpd`),
       with the post-processing helpers `remove_consecutive_repeats` and `repeat_ratio`.
-# Deviation: we could not consult the PDF's equation layout; the numbers (6)-(15) on single lines
-# are our assignment within the ranges TCIR = Eq. (6-10), SCA = Eq. (11-14), total loss = Eq. (15).
+Equation numbers are the paper's (arXiv v1): (4) L_mle, (6) coverage, (7-10) one TCIR iteration,
+(11-14) SCA, (15) the phase-1 loss, (16) the phase-2 loss.
 """
 from __future__ import annotations
 
@@ -47,12 +51,13 @@ from msgcore.utils import MsgcoreError
 class CoverageNATConfig(TransformerConfig):
     use_coverage: bool = True  # False = NAT-Base (§III-A): the top decoder layer is a plain non-causal layer
     coverage_iterations: int = 3  # K_train: iterations of the coverage layer in training (K_dec: `iterations=`)
-    coverage_scale_init: float = 1.0  # initial lambda, the trainable scale of the coverage bias (Eq. 8)
+    coverage_scale_init: float = 1.0  # initial lambda, the trainable scale of the coverage bias (Eq. 9)
     max_length_offset: int = 128  # length classes: target - source length clipped to [-m, m], 2m + 1 classes
-    length_loss_weight: float = 0.1  # alpha (Eq. 15)
-    coverage_weight: float = 0.0  # beta (Eq. 15): 0 in phase 1, > 0 when fine-tuning with SCA (phase 2)
-    label_smoothing: float = 0.0  # label smoothing of the token-level MLE loss (0 = plain MLE)
-    unk_id: int = UNK_ID  # the decoder input at every target position (Tokenizer.unk_id)
+    length_loss_weight: float = 0.1  # alpha (Eq. 15-16)
+    coverage_weight: float = 0.0  # beta (Eq. 16): 0 in phase 1, > 0 when fine-tuning with SCA (phase 2)
+    label_smoothing: float = 0.0  # MLE label smoothing when the caller passes none (the Trainer always passes its own)
+    decoder_input: str = "uniform_copy"  # "uniform_copy" (Gu et al. 2018) or "unk" (the paper, §III-A)
+    unk_id: int = UNK_ID  # the decoder input at every target position when decoder_input = "unk"
     eos_id: int = EOS_ID  # the last target token; outputs are cut at the first one
 
 
@@ -88,7 +93,7 @@ def coverage(attention: Tensor, target_mask: Tensor | None = None) -> Tensor:
         attention = attention * target_mask.unsqueeze(-1).to(attention.dtype)  # padded rows cover nothing
     covered = attention.cumsum(1)  # (B, T, S): sum over t' <= t
     earlier = torch.cat([torch.zeros_like(covered[:, :1]), covered[:, :-1]], 1)  # sum over t' < t
-    return earlier.clamp(max=1.0)  # Eq. (6)
+    return earlier.clamp(max=1.0)  # Eq. (6): C^k_{t,i} = min(sum_{t'<t} A^{k-1}_{t',i}, 1)
 
 
 class CoverageCrossAttention(MultiHeadAttention):
@@ -106,11 +111,11 @@ class CoverageCrossAttention(MultiHeadAttention):
         q = self.split_heads(self.q_proj(x))  # (B, H, T, Dh)
         k, v = self.keys_values(x, memory, None)  # (B, H, S, Dh) each
         # The same bias for every head (see the Deviation in CoverageDecoderLayer).
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)) + bias.unsqueeze(1)  # Eq. (8)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)) + bias.unsqueeze(1)  # Eq. (9): logits + lambda B
         scores = scores.masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # Eq. (9): A^k, (B, H, T, S)
         dropped = F.dropout(weights, p=self.dropout) if self.training and self.dropout > 0 else weights
-        out = self.out_proj(self.merge_heads(dropped @ v))  # Eq. (10): A^k V, (B, T, D)
+        out = self.out_proj(self.merge_heads(dropped @ v))  # A^k V, the FFN's input in Eq. (10), (B, T, D)
         return out, weights.mean(1)
 
 
@@ -131,30 +136,29 @@ class NATDecoderLayer(DecoderLayer):
 class CoverageDecoderLayer(NATDecoderLayer):
     """The iterative coverage layer replacing the top decoder layer (§III-B, Eq. 6-10).
 
-    Iteration k = 1..K: C^k from A^{k-1} (Eq. 6), B^k = 1 - C^k (Eq. 7), cross-attention with logits
-    QK^T/sqrt(d) + lambda B^k (Eq. 8-10); the FFN follows the last iteration.
-    # Deviation: every iteration starts from the same input, the output of layer L-1 (iterations
-    # are not chained); only the coverage changes from one iteration to the next. So the self-attention
-    # sub-layer, identical each time, runs once, and so does the FFN, on iteration K's output: the
-    # earlier iterations' outputs would be discarded, only their attention A^k is passed on. Only
-    # iteration K's output is supervised (no loss on intermediate iterations).
+    Iteration k = 1..K reads H^{k-1} and A^{k-1} (H^0, A^0: the output and head-averaged cross-attention
+    of layer L-1): self-attention over H^{k-1} (Eq. 7), the coverage C^k of A^{k-1} (Eq. 6), the bias
+    B^k = 1 - C^k (Eq. 8), cross-attention with logits QK^T/sqrt(d) + lambda B^k (Eq. 9) and the FFN
+    (Eq. 10) give H^k and A^k. The iterations share this layer's weights; H^K is the decoder's output.
+    # Deviation: each sub-layer keeps the decoder's residual connection and layer norm (the paper
+    # omits them "for simplicity", §II), and the attentions keep their Q/K/V projections.
     # Deviation: multi-head attention gets one coverage per (t, i), computed from the head-averaged
     # attention A = mean_h A_h, and the same bias is added to every head.
     # Deviation: gradients flow through A^{k-1} into the coverage (nothing is detached); A^0 is
     # layer L-1's attention as returned by MultiHeadAttention (after attention dropout, if any).
+    # Only iteration K's output is supervised (no loss on intermediate iterations).
     """
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attention_dropout: float,
                  activation_dropout: float, pre_norm: bool, coverage_scale_init: float = 1.0):
         super().__init__(d_model, n_heads, d_ff, dropout, attention_dropout, activation_dropout, pre_norm)
         self.cross_attn = CoverageCrossAttention(d_model, n_heads, attention_dropout)
-        self.coverage_scale = nn.Parameter(torch.tensor(float(coverage_scale_init)))  # lambda (Eq. 8)
+        self.coverage_scale = nn.Parameter(torch.tensor(float(coverage_scale_init)))  # lambda (Eq. 9)
 
     def forward(self, x: Tensor, memory: list[EncoderOut], self_mask: Tensor, target_mask: Tensor,
-                attention: Tensor, iterations: int) -> tuple[Tensor, Tensor]:
-        """x (B, T, D) the output of layer L-1; attention A^0 (B, T, S) its head-averaged cross-attention.
-
-        Returns the output of iteration K (B, T, D) and its head-averaged attention A^K (B, T, S).
+                attention: Tensor, iterations: int, states: list | None = None) -> tuple[Tensor, Tensor]:
+        """x = H^0 (B, T, D), the output of layer L-1; attention = A^0 (B, T, S), its head-averaged
+        cross-attention. Returns H^K (B, T, D) and A^K (B, T, S); `states`, when a list, receives H^1..H^K.
         """
         if len(memory) != 1:
             raise MsgcoreError(f"the coverage layer attends to 1 source, got {len(memory)}")
@@ -162,21 +166,50 @@ class CoverageDecoderLayer(NATDecoderLayer):
             raise MsgcoreError(f"the coverage layer needs at least 1 iteration, got {iterations}")
         source = memory[0]
         key_mask = source.mask[:, None, None, :]  # (B, 1, 1, S)
-        h, _, _ = self.self_attn(self.before(x, self.self_attn_norm), mask=self_mask)
-        s = self.after(x, h, self.self_attn_norm)  # (B, T, D), the same for every iteration
-        query = self.before(s, self.cross_attn_norm)
-        for _ in range(iterations):  # iteration k reads A^{k-1}, returns A^k
-            bias = self.coverage_scale * (1.0 - coverage(attention, target_mask))  # Eq. (6-7): lambda B^k
-            h, attention = self.cross_attn(query, source.hidden, key_mask, bias)  # Eq. (8-10)
-        y = self.after(s, h, self.cross_attn_norm)  # iteration K's output, (B, T, D)
-        y = self.after(y, self.ffn(self.before(y, self.ffn_norm)), self.ffn_norm)
-        return y, attention
+        for _ in range(iterations):  # iteration k reads H^{k-1}, A^{k-1} and returns H^k, A^k
+            h, _, _ = self.self_attn(self.before(x, self.self_attn_norm), mask=self_mask)
+            s = self.after(x, h, self.self_attn_norm)  # Eq. (7): H-hat^k = Attn(H^{k-1}, H^{k-1}, H^{k-1})
+            bias = self.coverage_scale * (1.0 - coverage(attention, target_mask))  # Eq. (6), (8): lambda B^k
+            h, attention = self.cross_attn(self.before(s, self.cross_attn_norm), source.hidden, key_mask,
+                                           bias)  # Eq. (9): A^k, and A^k E_enc
+            y = self.after(s, h, self.cross_attn_norm)
+            x = self.after(y, self.ffn(self.before(y, self.ffn_norm)), self.ffn_norm)  # Eq. (10): H^k
+            if states is not None:
+                states.append(x)
+        return x, attention
+
+
+@dataclass
+class NATEncoderOut(EncoderOut):
+    """An encoded source that also keeps its token ids (the decoder copies their embeddings)."""
+
+    tokens: Tensor | None = None  # (B, S) source token ids
+
+    def index_select(self, index: Tensor) -> "NATEncoderOut":
+        tokens = None if self.tokens is None else self.tokens.index_select(0, index)
+        return NATEncoderOut(self.hidden.index_select(0, index), self.mask.index_select(0, index), tokens)
+
+
+def uniform_copy_index(source_mask: Tensor, target_mask: Tensor) -> Tensor:
+    """(B, T) source position copied to each target position: round(t * S / T), at most S - 1.
+
+    S and T are each sentence's real lengths (both count </s>), so the last target position (</s>)
+    reads the source's </s> when S <= T. Uniform copy of Gu et al. (2018), §3.1.
+    """
+    S = source_mask.sum(1, keepdim=True).float()  # (B, 1)
+    T = target_mask.sum(1, keepdim=True).clamp(min=1).float()  # (B, 1)
+    t = torch.arange(target_mask.size(1), device=target_mask.device).float()  # (T,)
+    index = torch.floor(t * S / T + 0.5).long()  # (B, T): round half up
+    return torch.minimum(index, (S.long() - 1).clamp(min=0))
 
 
 class NATDecoder(Decoder):
-    """Non-causal decoder over <unk> + position inputs; the top layer is the coverage layer (or not)."""
+    """Non-causal decoder over copied-source (or <unk>) + position inputs; the top layer is the coverage
+    layer (or not)."""
 
     def __init__(self, cfg: CoverageNATConfig, token_embedding: nn.Embedding):
+        if cfg.decoder_input not in ("uniform_copy", "unk"):
+            raise MsgcoreError(f"unknown decoder_input {cfg.decoder_input!r}; use 'uniform_copy' or 'unk'")
         super().__init__(cfg, token_embedding)
         self.cfg = cfg
 
@@ -187,10 +220,26 @@ class NATDecoder(Decoder):
             return CoverageDecoderLayer(*args, coverage_scale_init=cfg.coverage_scale_init)
         return NATDecoderLayer(*args)
 
-    def inputs(self, target_mask: Tensor) -> Tensor:
-        """sqrt(d) E[<unk>] + PE[t] at every real position (§III-A), (B, T, D)."""
-        tokens = torch.full_like(target_mask, self.cfg.unk_id, dtype=torch.long)  # (B, T)
-        return self.embed(tokens.masked_fill(~target_mask, self.cfg.pad_id))
+    def input_tokens(self, target_mask: Tensor, source: EncoderOut) -> Tensor:
+        """(B, T) token id whose embedding feeds each target position; padding gets <pad>.
+
+        # Deviation: the paper (§III-A) feeds <unk> at every position ("unk"). Every position then gets
+        # the same vector but for its position encoding (mean cosine 0.88 between positions after
+        # training, measured in chapter 5), and our small models repeat over half their tokens; the
+        # default is Gu et al.'s uniform copy of the source embeddings, which the paper's NAT-Base
+        # baseline (fairseq's) also offers.
+        """
+        if self.cfg.decoder_input == "unk":
+            tokens = torch.full_like(target_mask, self.cfg.unk_id, dtype=torch.long)  # (B, T)
+        else:
+            if getattr(source, "tokens", None) is None:
+                raise MsgcoreError("decoder_input='uniform_copy' needs the source tokens: encode with CoverageNAT.encode")
+            tokens = source.tokens.gather(1, uniform_copy_index(source.mask, target_mask))  # (B, T)
+        return tokens.masked_fill(~target_mask, self.cfg.pad_id)
+
+    def inputs(self, target_mask: Tensor, source: EncoderOut) -> Tensor:
+        """sqrt(d) E[copied source token or <unk>] + PE[t] at every real position (§III-A), (B, T, D)."""
+        return self.embed(self.input_tokens(target_mask, source))
 
     def forward(self, target_mask: Tensor, memory: list[EncoderOut], iterations: int,
                 need_weights: bool = False) -> DecoderOut:
@@ -199,7 +248,7 @@ class NATDecoder(Decoder):
         With need_weights, `cross_attention` holds (B, H, T, S) per plain layer and, for the
         coverage layer, the head-averaged A^K as (B, 1, T, S).
         """
-        x = self.inputs(target_mask)  # (B, T, D)
+        x = self.inputs(target_mask, memory[0])  # (B, T, D)
         self_mask = target_mask[:, None, None, :]  # (B, 1, 1, T): every real target position
         top = self.layers[-1]
         covering = isinstance(top, CoverageDecoderLayer)
@@ -208,7 +257,7 @@ class NATDecoder(Decoder):
             x, weights = layer(x, memory, self_mask, need_weights or covering)
             attention.append(weights)
         if covering:
-            x, last = top(x, memory, self_mask, target_mask, attention[-1].mean(1), iterations)  # A^0
+            x, last = top(x, memory, self_mask, target_mask, attention[-1].mean(1), iterations)  # H^0, A^0
             attention.append(last.unsqueeze(1))
         else:
             x, weights = top(x, memory, self_mask, need_weights)
@@ -226,21 +275,20 @@ def bag_of_words(vectors: Tensor, mask: Tensor, projection: nn.Module) -> Tensor
 
 def coverage_agreement(source_tokens: Tensor, source_mask: Tensor, probs: Tensor, target_mask: Tensor,
                        source_embedding: Tensor, target_embedding: Tensor, projection: nn.Module) -> Tensor:
-    """SCA distance per sentence (B,): ||r_src - r_hyp||_2 / sqrt(d).
+    """SCA distance per sentence (B,): ||E_src - E_hyp||_2 / sqrt(d) (Eq. 11-14).
 
     source_tokens, source_mask (B, S); probs (B, T, V) the output distributions p_t; target_mask
     (B, T); source_embedding E and target_embedding W_e (V, D); projection W_s (D -> D).
-    # Deviation: our reading of Eq. (11-14): both sides go through the same ReLU(. W_s) and are
-    # mean-pooled over real positions; the hypothesis side embeds p_t as the expected embedding
-    # p_t W_e. Embeddings are the raw tables (no sqrt(d) scale); W_s has no bias. Source and target
-    # keep their </s> (and any language tag), as the masks say.
-    Note: W_s is trained by this loss alone, which a collapse of ReLU(. W_s) to zero would also
-    minimise; watch its norm in phase 2.
+    Only the source goes through ReLU(. W_s) (Eq. 11): the hypothesis is the mean expected target
+    embedding p_t W_e (Eq. 12-13), so W_s must map source words onto the target embedding space and
+    cannot satisfy the loss by collapsing to zero.
+    # Deviation: embeddings are the raw tables (no sqrt(d) scale); W_s has no bias; the means run
+    # over real positions, and source and target keep their </s> (and any language tag), as the masks say.
     """
-    r_src = bag_of_words(source_embedding[source_tokens], source_mask, projection)  # Eq. (11), (B, D)
-    expected = probs @ target_embedding  # Eq. (12): p_t W_e, (B, T, D)
-    r_hyp = bag_of_words(expected, target_mask, projection)  # Eq. (13), (B, D)
-    return (r_src - r_hyp).norm(dim=-1) / math.sqrt(r_src.size(-1))  # Eq. (14)
+    e_src = bag_of_words(source_embedding[source_tokens], source_mask, projection)  # Eq. (11), (B, D)
+    expected = probs @ target_embedding  # Eq. (12): E_hyp,t = p_t W_e, (B, T, D)
+    e_hyp = masked_mean(expected, target_mask)  # Eq. (13), (B, D)
+    return (e_src - e_hyp).norm(dim=-1) / math.sqrt(e_src.size(-1))  # Eq. (14)
 
 
 # ---- the model ------------------------------------------------------------------------------
@@ -261,11 +309,16 @@ class CoverageNAT(Transformer):
             raise MsgcoreError("the coverage layer takes A^0 from decoder layer L-1: use decoder_layers >= 2")
         super().__init__(cfg)
         self.length_predictor = nn.Linear(cfg.d_model, 2 * cfg.max_length_offset + 1)  # §III-A
-        self.bag_projection = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # W_s (Eq. 11, 13)
+        self.bag_projection = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # W_s (Eq. 11)
         self.reset_linear_parameters()  # again, now that the new layers exist
 
     def build_decoder(self, cfg: CoverageNATConfig) -> nn.Module:
         return NATDecoder(cfg, self.token_embedding)
+
+    def encode(self, sources: list[Tensor], source_masks: list[Tensor]) -> list[NATEncoderOut]:
+        """The Transformer's encoder output, keeping the source token ids for the decoder's copied inputs."""
+        return [NATEncoderOut(m.hidden, m.mask, tokens)
+                for m, tokens in zip(super().encode(sources, source_masks), sources)]
 
     # -- length ------------------------------------------------------------------------------
     def length_logits(self, source: EncoderOut) -> Tensor:
@@ -306,26 +359,32 @@ class CoverageNAT(Transformer):
     def loss(self, batch, label_smoothing: float | None = None) -> Tensor:
         """The Trainer's hook: the total loss summed over real target tokens (the Trainer averages).
 
+        `label_smoothing` is the Trainer's epsilon (cfg.label_smoothing when None).
         # Deviation: the length and coverage terms are per-sentence means; scaling the total by the
-        # token count keeps their weight relative to the per-token MLE as in Eq. (15).
+        # token count keeps their weight relative to the per-token MLE as in Eq. (15-16).
         """
-        return self.loss_terms(batch)["total"] * batch.target_mask.sum()
+        return self.loss_terms(batch, label_smoothing)["total"] * batch.target_mask.sum()
 
-    def loss_terms(self, batch) -> dict[str, Tensor]:
-        """mle + alpha * length + beta * coverage (Eq. 15), each a mean (per token / per sentence)."""
+    def loss_terms(self, batch, label_smoothing: float | None = None) -> dict[str, Tensor]:
+        """mle + alpha * length (+ beta * coverage) (Eq. 15-16), each a mean (per token / per sentence).
+
+        # Deviation: L_mle (Eq. 4) is label-smoothed with the Trainer's epsilon (0.1 by default), as
+        # fairseq's NAT models are: (1 - eps) * NLL + eps * mean_v(-log p_v), per real target token.
+        """
         cfg = self.cfg
+        eps = cfg.label_smoothing if label_smoothing is None else label_smoothing
         memory = self.encode(batch.sources, batch.source_masks)
-        logits = self.decode(batch.target_mask, memory).logits  # (B, T, V)
+        logits = self.decode(batch.target_mask, memory).logits  # (B, T, V), Eq. (3)
         mle = F.cross_entropy(logits.float().flatten(0, 1), batch.target_out.flatten(), ignore_index=cfg.pad_id,
-                              label_smoothing=cfg.label_smoothing)  # per real target token
+                              label_smoothing=eps)  # Eq. (4), per real target token
         offset = batch.target_mask.sum(1) - memory[0].mask.sum(1)  # (B,) reference length offset
         length = F.cross_entropy(self.length_logits(memory[0]).float(),
-                                 offset_to_class(offset, cfg.max_length_offset))  # §III-A
+                                 offset_to_class(offset, cfg.max_length_offset))  # L_length (§III-A)
         with torch.set_grad_enabled(torch.is_grad_enabled() and cfg.coverage_weight > 0):  # phase 1: log only
             sca = coverage_agreement(batch.sources[0], batch.source_masks[0], logits.float().softmax(-1),
                                      batch.target_mask, self.encoder.embed.tokens.weight,
                                      self.decoder.embed.tokens.weight, self.bag_projection).mean()  # Eq. (11-14)
-        total = mle + cfg.length_loss_weight * length + cfg.coverage_weight * sca  # Eq. (15)
+        total = mle + cfg.length_loss_weight * length + cfg.coverage_weight * sca  # Eq. (15), (16) when beta > 0
         return {"mle": mle, "length": length, "coverage": sca, "total": total}
 
 
@@ -351,7 +410,7 @@ def decode_lengths(model: CoverageNAT, memory: list[EncoderOut], lengths: Tensor
     target_mask = torch.arange(int(lengths.max()), device=lengths.device) < lengths.unsqueeze(1)  # (B, T)
     logits = model.decode(target_mask, memory, iterations).logits  # (B, T, V)
     logits[..., [model.cfg.pad_id, *forbidden]] = float("-inf")
-    tokens = logits.argmax(-1).tolist()
+    tokens = logits.argmax(-1).tolist()  # Eq. (5): y_t = argmax p(y_t | X)
     return [strip(row[:n], model.cfg.eos_id) for row, n in zip(tokens, lengths.tolist())]
 
 
