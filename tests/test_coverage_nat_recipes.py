@@ -2,23 +2,28 @@
 import pytest
 import torch
 
+from msgcore import runcache
 from msgcore.batching import collate, encode_corpus
 from msgcore.data import synthetic_corpus
-from msgcore.experiments import TranslationData
+from msgcore.experiments import Scale, TranslationData
+from msgcore.experiments import coverage_nat as nat
 from msgcore.experiments.coverage_nat import (NATScale, bleu_by_length, bleu_with_and_without_dedup, distill,
                                               latency, repeats_by_half, train_nat, translate_lpd, translate_nat)
 from msgcore.generation import GenerationConfig
 from msgcore.model import Transformer, preset
-from msgcore.models.coverage_nat import generate_nat
+from msgcore.models.coverage_nat import CoverageNAT, generate_nat
 from msgcore.tokenizer import Tokenizer
 from msgcore.trainer import TrainConfig, translate_encoded
 from msgcore.utils import MsgcoreError
 
 CPU = torch.device("cpu")
 STEPS = TrainConfig(lr=3e-3, warmup_steps=2, max_tokens=500, max_epochs=1, patience=0, log_every=1, progress=False)
-SCALE = NATScale("tiny", dict(d_model=32, d_ff=64, dropout=0.0, max_length_offset=16), STEPS, STEPS,
+SCALE = NATScale("tiny", dict(d_model=32, d_ff=64, dropout=0.0, max_length_offset=16), STEPS,
                  TrainConfig(**{**vars(STEPS), "lr": 1e-4, "schedule": "constant"}),
-                 coverage_iterations=2, beta=0.5, teacher_beam=2, lpd_candidates=3)
+                 ablation=TrainConfig(**{**vars(STEPS), "max_steps": 2, "lr": 1e-4, "schedule": "constant"}),
+                 coverage_iterations=2, beta=0.5, ablation_k=(1,), ablation_beta=(0.0,), teacher_beam=2,
+                 test_beam=2, lpd_candidates=3, curve_every=0, seeds=2)
+TEACHER = Scale("tiny", dict(d_model=32, d_ff=64, dropout=0.0), TrainConfig(**{**vars(STEPS), "max_epochs": 4}), beam_size=2)
 
 
 @pytest.fixture(scope="module")
@@ -33,21 +38,43 @@ def teacher(data):
     return Transformer(preset("tiny", vocab_size=data.tokenizer.vocab_size, d_model=32, d_ff=64, dropout=0.0)).eval()
 
 
-def test_distilled_targets_are_the_teachers_translations(data):
+def test_distilled_targets_are_the_teachers_translations_and_are_cached(data, monkeypatch):
     model = teacher(data)
     kd = distill(model, data, SCALE, CPU, split="val")
     hyps = translate_encoded(model, data.tokenizer, data.encoded["val"], CPU, GenerationConfig(beam_size=2))
     assert kd.sources == data.encoded["val"].sources
     assert kd.target == [data.tokenizer.encode(h) or [data.tokenizer.unk_id] for h in hyps]
+    monkeypatch.setattr(nat, "translate_encoded", lambda *a, **k: pytest.fail("distilled again"))
+    assert distill(model, data, SCALE, CPU, split="val").target == kd.target  # from the run cache
+    assert nat.distilled_bleu(kd, data, "val") == pytest.approx(
+        bleu_with_and_without_dedup(kd.target, data, "val")["BLEU"])
 
 
 def test_two_phases_add_sca_at_a_constant_learning_rate(data, tmp_path):
     phase1, phase2 = train_nat(data, SCALE, CPU, tmp_path / "nat")
     assert phase1.model.cfg.coverage_weight == 0 and phase2.model.cfg.coverage_weight == 0.5
-    lrs = {row["lr"] for row in phase2.history if row["kind"] == "train"}
+    lrs = {row["lr"] for row in phase2.run.history if row["kind"] == "train"}
     assert lrs == {1e-4}
     base1, base2 = train_nat(data, SCALE, CPU, tmp_path / "base", use_coverage=False)
     assert base2 is None and not base1.model.cfg.use_coverage
+
+
+def test_the_curve_is_one_run_cut_into_chunks_and_is_cached(data, tmp_path):
+    cfg = TrainConfig(**{**vars(STEPS), "max_epochs": 100, "max_steps": 6, "validate_every": 3})
+    torch.manual_seed(0)
+    plain = nat.train_model(CoverageNAT(nat.nat_config(data, SCALE)), data, cfg, CPU, tmp_path / "plain")
+    torch.manual_seed(0)
+    cut = nat.train_with_curve(CoverageNAT(nat.nat_config(data, SCALE)), data, cfg, CPU, tmp_path / "cut", every=3)
+    assert [p["step"] for p in cut.curve] == [3, 6]
+    assert set(cut.curve[0]) == {"step", "BLEU", "BLEU (dedup)", "repeats %"}
+    losses = lambda h: [round(r["loss"], 5) for r in h if r["kind"] == "train"]
+    assert losses(cut.run.history) == losses(plain.history)  # the same updates as one uncut run
+    for a, b in zip(cut.model.state_dict().values(), plain.model.state_dict().values()):
+        torch.testing.assert_close(a, b)
+    assert not cut.run.reused
+    torch.manual_seed(0)
+    again = nat.train_with_curve(CoverageNAT(nat.nat_config(data, SCALE)), data, cfg, CPU, tmp_path / "again", every=3)
+    assert again.run.reused and again.curve == cut.curve
 
 
 def test_translate_nat_and_lpd_keep_corpus_order(data, tmp_path):
@@ -60,6 +87,9 @@ def test_translate_nat_and_lpd_keep_corpus_order(data, tmp_path):
     assert len(chosen) == 10
     scores = bleu_with_and_without_dedup(outputs, data, "val")
     assert set(scores) == {"BLEU", "BLEU (dedup)", "repeats %"}
+    for mode in ("unk", "uniform_copy"):
+        assert -1.0 <= nat.decoder_input_similarity(model, data, "val", CPU, mode) <= 1.0
+    assert model.cfg.decoder_input == "uniform_copy"  # restored
 
 
 def test_latency_is_the_median_after_warmup():
@@ -97,12 +127,16 @@ def test_limit_eval_splits_keeps_train_whole(data):
     assert limit_eval_splits(data, 0) is data
 
 
-def test_a_direction_trains_its_teacher_and_distils_with_it(data, tmp_path):
+def test_a_direction_uses_the_chapter0_run_as_teacher_and_distils_with_it(data, tmp_path):
+    from msgcore.experiments import train_translation
     from msgcore.experiments.coverage_nat import train_direction
 
-    direction = train_direction(data, SCALE, CPU, tmp_path, split="val")
+    chapter0 = train_translation(data, TEACHER, CPU, tmp_path / "chapter0")  # chapter 0 ran first
+    direction = train_direction(data, SCALE, TEACHER, CPU, tmp_path, split="val")
+    assert direction.teacher_run.reused  # the same run, from the cache
+    for a, b in zip(direction.teacher.state_dict().values(), chapter0.model.state_dict().values()):
+        torch.testing.assert_close(a, b)
     assert direction.name == "Xa→Xt" and direction.key == "xa-xt"
-    assert (tmp_path / "teacher" / "best.pt").is_file()
     hyps = translate_encoded(direction.teacher, data.tokenizer, data.encoded["val"], CPU,
                              GenerationConfig(beam_size=SCALE.test_beam))
     assert direction.teacher_hyps == hyps
@@ -112,7 +146,7 @@ def test_a_direction_trains_its_teacher_and_distils_with_it(data, tmp_path):
 def test_table2_scores_every_seed_and_times_every_system(data, tmp_path):
     from msgcore.experiments.coverage_nat import AT, lpd_name, table2, train_direction, train_main_systems
 
-    direction = train_direction(data, SCALE, CPU, tmp_path, split="val")
+    direction = train_direction(data, SCALE, TEACHER, CPU, tmp_path, split="val")
     runs = train_main_systems(direction, SCALE, CPU, tmp_path, seeds=(0, 1))
     assert set(runs) == {(name, s) for name in ("NAT-Base", "Coverage-NAT w/o SCA", "Coverage-NAT") for s in (0, 1)}
     assert runs["Coverage-NAT", 1].model.cfg.coverage_weight == SCALE.beta
@@ -124,3 +158,29 @@ def test_table2_scores_every_seed_and_times_every_system(data, tmp_path):
     frame = table.frame()
     assert frame.loc[AT, "speedup"] == "1.0×" and frame.loc["NAT-Base", "runs"] == 2
     assert "±" in frame.loc["NAT-Base", "BLEU"] and "±" not in frame.loc[AT, "BLEU"]
+    ablations = nat.train_ablations(direction, runs, SCALE, CPU, tmp_path / "ablation", seed=0)
+    assert set(ablations) == {"K = 2, β = 0", "K_train = 1"}
+    assert ablations["K_train = 1"].model.cfg.coverage_iterations == 1
+    assert ablations["K_train = 1"].model.cfg.coverage_weight == 0
+    assert sum(r["kind"] == "train" for r in ablations["K_train = 1"].run.history) == 2  # the ablation recipe
+    gates = nat.direction_gates(direction, SCALE, {k: v for k, v in table.scores.items() if k in ("NAT-Base",)})
+    assert [g.name.split(": ", 1)[1][:8] for g in gates] == ["AT teach", "distille", "NAT-Base", "NAT-Base"]
+
+
+def test_paper_tables_are_the_papers_numbers():
+    assert nat.PAPER_TABLE2["Coverage-NAT"]["WMT14 En→De"] - nat.PAPER_TABLE2["NAT-Base"]["WMT14 En→De"] == \
+        pytest.approx(2.75)  # "+2.75 ... on WMT14 En→De" (§V-A)
+    assert nat.PAPER_TABLE3["K = 5, β = 0.5"]["BLEU"] - nat.PAPER_TABLE3["NAT-Base"]["BLEU"] == pytest.approx(1.20)
+    base, cov = nat.PAPER_TABLE4["NAT-Base"], nat.PAPER_TABLE4["Coverage-NAT"]
+    assert [round(base[k] - cov[k], 2) for k in ("short", "long", "all")] == [2.16, 4.53, 3.87]  # Table IV's deltas
+
+
+def test_scales_take_chapter0s_teacher_and_fit_their_budgets():
+    from msgcore.experiments import BASELINE_SCALES
+
+    for name in ("smoke", "small", "full"):
+        assert nat.teacher_scale(name) is BASELINE_SCALES[name]
+    small, full = nat.NAT_SCALES["small"], nat.NAT_SCALES["full"]
+    assert small.seeds == 1 and small.directions == (("de", "en"),) and small.phase1.max_steps >= 1000
+    assert full.seeds == 3 and len(full.directions) == 2 and full.ablation is None
+    assert small.phase1.label_smoothing == 0.1

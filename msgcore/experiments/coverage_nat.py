@@ -1,13 +1,15 @@
 """Coverage-NAT's recipes (Shan, Feng, Shao 2021): distillation, two-phase training, decoding, analyses.
 
-    teacher   an autoregressive Transformer (chapter 0's recipe) that translates the training set
+    teacher   chapter 0's autoregressive Transformer (the same run, through the run cache)
     KD        sequence-level knowledge distillation: the NAT models learn the teacher's outputs
-    phase 1   L_mle + alpha * L_length until convergence                                  §III-D
-    phase 2   + beta * L_coverage (SCA), fine-tuned at a small constant learning rate     §III-D
+    phase 1   L_mle + alpha * L_length (Eq. 15), with a curve of repeats and BLEU against updates
+    phase 2   + beta * L_coverage (SCA, Eq. 16), fine-tuned at a small constant learning rate  §III-D
     decoding  argmax at the predicted length, or length parallel decoding (LPD) with l
-              candidates rescored by the teacher; BLEU is always reported with and without
-              the removal of consecutive repeats (the paper's claim is about repeats)
-The chapter notebook calls these and tabulates; a GPU user can run the same functions as a script.
+              candidates rescored by the teacher; BLEU is reported after the removal of
+              consecutive repeats (the paper's protocol, §IV "Inference") and on the raw outputs
+The paper's own numbers are data here (PAPER_TABLE2 ...), read from the paper's text.
+`run_chapter(scale, device, out_dir, seed)` trains every run the chapter needs (filling the run cache);
+the notebook calls it too, so a GPU script and the notebook share every run.
 """
 from __future__ import annotations
 
@@ -20,79 +22,139 @@ from typing import Callable, Sequence
 import pandas as pd
 import torch
 
+from msgcore import runcache
 from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batches
-from msgcore.experiments import (RunResult, Scale, TranslationData, evaluate, limit_eval_splits, mean_std,  # noqa: F401
-                                 train_model, train_translation)
+from msgcore.claims import Gate
+from msgcore.experiments import (BASELINE_SCALES, RunResult, Scale, TranslationData, evaluate,  # noqa: F401
+                                 limit_eval_splits, mean_std, prepare_translation, train_model, train_translation)
 from msgcore.generation import GenerationConfig, rescore
 from msgcore.metrics import Score, corpus_score
-from msgcore.model import PRESETS, Transformer, TransformerConfig
+from msgcore.model import PRESETS, Transformer
 from msgcore.models.coverage_nat import (CoverageNAT, CoverageNATConfig, generate_lpd, generate_nat,
                                          remove_consecutive_repeats, repeat_ratio)
-from msgcore.trainer import TrainConfig, translate_encoded
+from msgcore.trainer import Trainer, TrainConfig, translate_encoded
 from msgcore.utils import MsgcoreError
 
+# ---- the paper's numbers (arXiv:2104.11897v1, read from its text) ----------------------------------------
+# Table II: BLEU (%) on the test sets (WMT14 newstest2014, WMT16 newstest2016), latency per sentence on
+# one RTX 2080Ti at batch size 1, speedup over the Transformer. En-De BLEU is cased, En-Ro uncased.
+# The extracted text loses the NAT-Base row's footnote (the row marks it; its text is not in the extraction).
+PAPER_TABLE2 = {
+    "Transformer (AT)": {"WMT14 En→De": 27.19, "WMT14 De→En": 31.25, "WMT16 En→Ro": 32.80, "WMT16 Ro→En": 32.61,
+                         "latency (ms)": 276.88, "speedup": 1.00},
+    "NAT-Base": {"WMT14 En→De": 18.60, "WMT14 De→En": 22.70, "WMT16 En→Ro": 28.78, "WMT16 Ro→En": 29.00,
+                 "latency (ms)": 19.36, "speedup": 14.30},
+    "Coverage-NAT": {"WMT14 En→De": 21.35, "WMT14 De→En": 25.04, "WMT16 En→Ro": 30.05, "WMT16 Ro→En": 30.33,
+                     "latency (ms)": 27.58, "speedup": 10.04},
+    "Coverage-NAT + LPD + AT rescoring": {"WMT14 En→De": 23.76, "WMT14 De→En": 27.84, "WMT16 En→Ro": 31.93,
+                                          "WMT16 Ro→En": 32.32, "latency (ms)": 53.08, "speedup": 5.22},
+}
+# Table III: ablation on the WMT16 En→Ro development set (BLEU %, latency ms). K_dec = K_train in every row;
+# the K rows have no SCA ("/" in the paper).
+PAPER_TABLE3 = {
+    "NAT-Base": {"K_train": None, "beta": None, "BLEU": 28.96, "latency (ms)": 20.51},
+    "K_train = 1": {"K_train": 1, "beta": None, "BLEU": 28.77, "latency (ms)": 20.82},
+    "K_train = 3": {"K_train": 3, "beta": None, "BLEU": 29.20, "latency (ms)": 24.84},
+    "K_train = 5": {"K_train": 5, "beta": None, "BLEU": 29.33, "latency (ms)": 28.34},
+    "K_train = 10": {"K_train": 10, "beta": None, "BLEU": 29.45, "latency (ms)": 40.80},
+    "K_train = 15": {"K_train": 15, "beta": None, "BLEU": 29.61, "latency (ms)": 48.90},
+    "K = 5, β = 0": {"K_train": 5, "beta": 0.0, "BLEU": 29.59, "latency (ms)": 28.34},
+    "K = 5, β = 1": {"K_train": 5, "beta": 1.0, "BLEU": 30.03, "latency (ms)": 28.34},
+    "K = 5, β = 0.5": {"K_train": 5, "beta": 0.5, "BLEU": 30.16, "latency (ms)": 28.34},
+}
+# Table IV: repeated tokens (%) on the WMT14 En→De development set, split in halves by sentence length.
+PAPER_TABLE4 = {
+    "NAT-Base": {"short": 5.47, "long": 12.05, "all": 10.23},
+    "Coverage-NAT": {"short": 3.31, "long": 7.52, "all": 6.36},
+    "Coverage-NAT w/o SCA": {"short": 4.82, "long": 10.21, "all": 8.72},
+}
+# Table V (subjective under-translation metric, 300 WMT14 De→En sentences, two human raters): not reproduced here.
+PAPER_TABLE5 = {"NAT-Base": 58.9, "Coverage-NAT w/o SCA": 67.1, "Coverage-NAT": 70.6}
+# Figures 2 and 3 are images: the text gives no values, only that BLEU peaks near K_dec = K_train, that
+# K_dec = 3 already beats NAT-Base and K_dec = 4 is almost the maximum (Figure 2).
+PAPER_FIGURE2 = {"best K_dec": "near K_train = 5", "beats NAT-Base from K_dec": 3, "almost the maximum at K_dec": 4}
+PAPER_SETTINGS = ("WMT14 En↔De (4.5M pairs) and WMT16 En↔Ro (610k), 32k BPE, base models (d=512, 6 layers), "
+                  "64k-token batches, 400k (En-De) / 180k (En-Ro) phase-1 updates + 1k phase-2 updates at lr 1e-5, "
+                  "K = 5, alpha = 0.1, beta = 0.5, distilled from a Transformer; 4 RTX 2080Ti")
+
+
+# ---- scales ------------------------------------------------------------------------------------------------
 
 @dataclass
 class NATScale:
-    preset: str  # model preset of the teacher and the NAT models (msgcore.model.PRESETS)
+    preset: str  # model preset of the NAT models (msgcore.model.PRESETS)
     model: dict  # overrides of the preset and of CoverageNATConfig, e.g. dropout, max_length_offset
-    teacher: TrainConfig  # the autoregressive teacher
-    phase1: TrainConfig  # NAT phase 1: MLE + length loss
-    phase2: TrainConfig  # NAT phase 2: + SCA at a small constant learning rate
+    phase1: TrainConfig  # NAT phase 1: MLE + length loss (Eq. 15)
+    phase2: TrainConfig  # NAT phase 2: + SCA at a small constant learning rate (Eq. 16)
+    ablation: TrainConfig | None = None  # the K_train ablation's runs: None = trained from scratch like phase 1;
+    # else fine-tuned for these updates from Coverage-NAT's phase-1 model with K_train changed (beta = 0)
     coverage_iterations: int = 5  # K_train of Coverage-NAT (the paper's main setting)
     beta: float = 0.5  # SCA loss weight in phase 2
+    ablation_k: tuple[int, ...] = (1, 3, 10)  # Table III's other K_train values
+    ablation_beta: tuple[float, ...] = (0.0, 1.0)  # Table III's other beta values (phase-2 runs)
     teacher_beam: int = 5  # beam of the teacher when it translates the training set (distillation)
-    test_beam: int = 5  # beam of the AT row of Table II (BLEU and latency)
+    test_beam: int = 5  # beam of the AT row of Table II (BLEU and latency); chapter 0's
     lpd_candidates: int = 9  # l of length parallel decoding
-    vocab_size: int = 8000  # joint sentencepiece vocabulary
-    train_examples: int = 0  # first N training pairs (0 = all)
-    eval_examples: int = 0  # first N dev/test sentences (0 = all)
+    eval_examples: int = 0  # first N dev/test sentences for the NAT analyses (0 = all)
     latency_sentences: int = 200  # sentences timed one by one for latency
+    curve_every: int = 250  # updates between two points of the repeats/BLEU curve (and validations)
+    seeds: int = 3  # seeds of NAT-Base and Coverage-NAT (the main comparison)
     directions: tuple[tuple[str, str], ...] = (("de", "en"),)  # Multi30k (source, target); the first gets every analysis
+    raw_data_baseline: bool = False  # also train NAT-Base on the references (what distillation buys)
+    # gates (msgcore.claims.Gate): the verdicts rest on them
+    teacher_min_bleu: float = 0.0  # the AT teacher's test BLEU must reach this
+    max_distill_gap: float = 3.0  # distilled targets vs references: at most this far below the teacher's test BLEU
+    max_repeats: float = 35.0  # NAT models: repeated tokens (%) on the test set
+    min_nat_bleu: float = 10.0  # NAT models: BLEU after repeat removal on the test set
+    max_teacher_gap: float | None = None  # NAT models: at most this far below the teacher (None = no such gate)
     notes: str = ""  # what a reader should know about this scale
 
 
-    def baseline(self) -> Scale:
-        """The chapter-0 scale of the teacher (data sizes, vocabulary, beam)."""
-        return Scale(self.preset, {k: v for k, v in self.model.items() if k in TransformerConfig.__dataclass_fields__},
-                     self.teacher, vocab_size=self.vocab_size, train_examples=self.train_examples,
-                     test_examples=self.eval_examples, beam_size=self.test_beam)
-
-
 def _steps(steps: int, **kw) -> TrainConfig:
-    """`steps` updates, validated three times (dev BLEU picks the checkpoint)."""
-    base = dict(lr=1e-3, warmup_steps=max(steps // 10, 1), max_tokens=1536, max_epochs=1000, max_steps=steps,
-                validate_every=max(steps // 3, 1), patience=0, valid_max_sentences=300,
+    """`steps` updates, validated every quarter (dev BLEU picks the checkpoint), label smoothing 0.1."""
+    base = dict(lr=1e-3, warmup_steps=max(steps // 5, 1), max_tokens=1536, max_epochs=1000, max_steps=steps,
+                validate_every=max(steps // 4, 1), patience=0, valid_max_sentences=300, label_smoothing=0.1,
                 log_every=max(steps // 20, 1), progress=False)
     return TrainConfig(**{**base, **kw})
 
 
 NAT_SCALES: dict[str, NATScale] = {
     "smoke": NATScale("tiny", dict(d_model=64, d_ff=128, n_heads=2, dropout=0.1, max_length_offset=32),
-                      teacher=_steps(30), phase1=_steps(20), phase2=_steps(4, lr=1e-4, schedule="constant"),
-                      teacher_beam=1, test_beam=2, lpd_candidates=3, vocab_size=1500, train_examples=2000, eval_examples=40,
-                      latency_sentences=10, directions=(("de", "en"), ("en", "de")),
-                      notes="CI only: checks that the chapter runs end to end; its numbers mean nothing."),
+                      phase1=_steps(20), phase2=_steps(4, lr=1e-4, schedule="constant"),
+                      ablation=_steps(4, lr=1e-4, schedule="constant"), curve_every=10, seeds=1,
+                      teacher_beam=1, test_beam=2, lpd_candidates=3, eval_examples=40, latency_sentences=10,
+                      directions=(("de", "en"), ("en", "de")), teacher_min_bleu=33.0, max_teacher_gap=8.0,
+                      notes="CI only: checks that the chapter runs end to end; its numbers mean nothing and "
+                            "every gate fails."),
     "small": NATScale("tiny", dict(dropout=0.1, max_length_offset=32),
-                      teacher=_steps(650, valid_max_sentences=300), phase1=_steps(250),
-                      phase2=_steps(40, lr=1e-4, schedule="constant"),
-                      teacher_beam=1, lpd_candidates=5, vocab_size=8000, latency_sentences=100,
-                      directions=(("de", "en"), ("en", "de")),
-                      notes="2 CPU cores, under 30 minutes: teachers of about 2 epochs, NAT models of 250 + 40 "
-                            "updates (under one epoch), greedy distillation; the analyses on De→En only. "
-                            "Nothing converges."),
+                      phase1=_steps(1200, warmup_steps=300, validate_every=200),
+                      phase2=_steps(150, lr=2e-4, schedule="constant", validate_every=150),
+                      ablation=_steps(150, lr=2e-4, schedule="constant", validate_every=150),
+                      curve_every=200, seeds=1, teacher_beam=1, lpd_candidates=5, latency_sentences=100,
+                      directions=(("de", "en"),), teacher_min_bleu=33.0,
+                      notes="2 CPU threads, at most 30 minutes: De→En only, one seed, NAT-Base and Coverage-NAT "
+                            "(K = 5) trained for 1,200 updates on a greedy distillation of chapter 0's teacher, "
+                            "then 150-update phase-2 runs (β = 0.5, and β = 0 and 1); the K_train ablation "
+                            "fine-tunes Coverage-NAT's phase-1 model for 150 updates at K_train = 1, 3, 10; "
+                            "K_dec is swept at decoding time."),
     "full": NATScale("small", dict(dropout=0.1, max_length_offset=64),
-                     teacher=_steps(30000, max_tokens=8192, lr=5e-4, warmup_steps=2000, validate_every=1000,
-                                    valid_max_sentences=0, patience=8),
                      phase1=_steps(60000, max_tokens=8192, lr=5e-4, warmup_steps=4000, validate_every=2000,
                                    valid_max_sentences=0, patience=10),
-                     phase2=_steps(4000, max_tokens=8192, lr=1e-5, schedule="constant", validate_every=500,
+                     phase2=_steps(2000, max_tokens=8192, lr=1e-5, schedule="constant", validate_every=500,
                                    valid_max_sentences=0),
-                     teacher_beam=5, lpd_candidates=9, vocab_size=8000, latency_sentences=1000,
-                     directions=(("de", "en"), ("en", "de")),
-                     notes="One GPU: both directions' models trained to early stopping on dev BLEU; Table II for "
-                           "both directions, the analyses on De→En."),
+                     ablation=None, curve_every=2000, seeds=3, teacher_beam=5, lpd_candidates=9,
+                     latency_sentences=1000, directions=(("de", "en"), ("en", "de")), raw_data_baseline=True,
+                     teacher_min_bleu=35.0, max_repeats=15.0, min_nat_bleu=10.0, max_teacher_gap=8.0,
+                     notes="One GPU, bf16: both directions, three seeds of NAT-Base and Coverage-NAT trained to "
+                           "early stopping on dev BLEU (at most 60k updates), phase 2 of 2,000 updates; the "
+                           "K_train ablation trains each K from scratch; NAT-Base is also trained on the "
+                           "references."),
 }
+
+
+def teacher_scale(name: str) -> Scale:
+    """Chapter 0's scale of the same name: its model is the teacher (one run, shared through the run cache)."""
+    return BASELINE_SCALES[name]
 
 
 def nat_config(data: TranslationData, scale: NATScale, **fields) -> CoverageNATConfig:
@@ -108,49 +170,130 @@ def nat_config(data: TranslationData, scale: NATScale, **fields) -> CoverageNATC
 # ---- knowledge distillation ------------------------------------------------------------------
 
 def distill(teacher, data: TranslationData, scale: NATScale, device: torch.device, split: str = "train") -> EncodedCorpus:
-    """Sequence-level KD (Kim and Rush 2016): the split's sources with the teacher's beam outputs as targets."""
+    """Sequence-level KD (Kim and Rush 2016): the split's sources with the teacher's beam outputs as targets.
+
+    Computed once per (teacher weights, sources, beam) through the run cache."""
     encoded = data.encoded[split]
-    hyps = translate_encoded(teacher, data.tokenizer, encoded, device, GenerationConfig(beam_size=scale.teacher_beam))
-    targets = [ids if ids else [data.tokenizer.unk_id] for ids in data.tokenizer.encode_batch(hyps)]
-    return EncodedCorpus(encoded.sources, targets, encoded.target_prefix, encoded.eos_id)
+
+    def build() -> EncodedCorpus:
+        hyps = translate_encoded(teacher, data.tokenizer, encoded, device, GenerationConfig(beam_size=scale.teacher_beam))
+        targets = [ids if ids else [data.tokenizer.unk_id] for ids in data.tokenizer.encode_batch(hyps)]
+        return EncodedCorpus(encoded.sources, targets, encoded.target_prefix, encoded.eos_id)
+
+    key = {"teacher": runcache.fingerprint(type(teacher).__name__, teacher.cfg, teacher.state_dict()),
+           "sources": runcache.fingerprint(encoded.sources, encoded.target_prefix), "beam": scale.teacher_beam,
+           "tokenizer": runcache.fingerprint(data.tokenizer.to_bytes())}
+    return runcache.cached_artifact("distilled", key, build)
+
+
+def distilled_bleu(distilled: EncodedCorpus, data: TranslationData, split: str = "train") -> float:
+    """BLEU of the distilled targets against the split's references (the KD gate)."""
+    tok = data.tokenizer
+    return corpus_score("bleu", [tok.decode(ids) for ids in distilled.target], data.corpora[split].target).score
+
+
+# ---- training with a curve ----------------------------------------------------------------------
+
+@dataclass
+class NATRun:
+    """A NAT model's training run: its RunResult and, for phase-1 runs, the curve of repeats and BLEU."""
+
+    run: RunResult
+    curve: list[dict] = field(default_factory=list)  # per point: step, BLEU, BLEU (dedup), repeats % on the dev set
+
+    @property
+    def model(self) -> CoverageNAT:
+        return self.run.model
+
+
+def train_with_curve(model: CoverageNAT, data: TranslationData, train_cfg: TrainConfig, device: torch.device,
+                     out_dir: Path, train: EncodedCorpus | None = None, every: int = 0,
+                     curve_sentences: int = 0) -> NATRun:
+    """Train like `train_model`, cut into `every`-update chunks; after each, decode the dev set (the first
+    `curve_sentences`, 0 = all) and record BLEU, BLEU after repeat removal and the repeat ratio.
+
+    The chunks continue one Trainer (same batches, schedule and dropout stream as one run); the result is
+    stored in the run cache (kind "natcurve"). `every` = 0: a plain `train_model` run without a curve."""
+    if not every:
+        return NATRun(train_model(model, data, train_cfg, device, out_dir, train=train))
+    from msgcore.experiments import run_key
+
+    train = train or data.encoded["train"]
+    valid, refs = data.encoded["val"], data.corpora["val"].target
+    key = {"run": run_key(model, train_cfg, train, valid, refs), "every": every, "sentences": curve_sentences}
+    curve_data = limit_eval_splits(data, curve_sentences)
+    reused = True
+
+    def build() -> dict:
+        nonlocal reused
+        reused = False
+        trainer = Trainer(model, data.tokenizer, train, valid, refs, train_cfg, device, out_dir)
+        start, curve = time.perf_counter(), []
+        for stop in range(every, train_cfg.max_steps + every, every):
+            trainer.cfg = replace(train_cfg, max_steps=min(stop, train_cfg.max_steps))
+            trainer.train()
+            outputs = translate_nat(trainer.model, curve_data, "val", device)
+            curve.append({"step": trainer.state.step, **bleu_with_and_without_dedup(outputs, curve_data, "val")})
+            if trainer.done() and trainer.state.step < trainer.cfg.max_steps:  # early stopping
+                break
+        wall = time.perf_counter() - start
+        trainer.resume(Path(out_dir) / "best.pt")
+        return {"model": trainer.model.state_dict(), "history": trainer.state.history, "curve": curve,
+                "wall_time_s": wall, "device": str(device)}
+
+    stored = runcache.cached_artifact("natcurve", key, build)
+    model.load_state_dict(stored["model"])
+    run = RunResult(model.to(device).eval(), stored["history"], stored["wall_time_s"], Path(out_dir), reused=reused)
+    return NATRun(run, stored["curve"])
 
 
 # ---- two-phase training ------------------------------------------------------------------------
 
-def train_nat(data: TranslationData, scale: NATScale, device: torch.device, out_dir: Path, seed: int = 0,
-              train: EncodedCorpus | None = None, beta: float | None = None,
-              **fields) -> tuple[RunResult, RunResult | None]:
-    """Phase 1, then phase 2 with SCA weight `beta` (default: the scale's); no phase 2 when beta = 0
-    or for NAT-Base (`use_coverage=False`). `train` is e.g. the distilled corpus. Returns both runs."""
+def train_phase1(data: TranslationData, scale: NATScale, device: torch.device, out_dir: Path, seed: int = 0,
+                 train: EncodedCorpus | None = None, curve: bool = True, **fields) -> NATRun:
+    """Phase 1 (Eq. 15) from a fresh model (seeded), with the repeats/BLEU curve when `curve`."""
     torch.manual_seed(seed)
     model = CoverageNAT(nat_config(data, scale, **fields))
-    phase1 = train_model(model, data, replace(scale.phase1, seed=seed), device, out_dir / "phase1", train=train)
-    beta = scale.beta if beta is None else beta
-    if beta == 0 or not model.cfg.use_coverage:
-        return phase1, None
-    return phase1, train_phase2(phase1.model, data, scale, device, out_dir / "phase2", seed, beta, train)
+    return train_with_curve(model, data, replace(scale.phase1, seed=seed), device, Path(out_dir), train,
+                            scale.curve_every if curve else 0, curve_sentences=scale.eval_examples)
 
 
 def train_phase2(phase1: CoverageNAT, data: TranslationData, scale: NATScale, device: torch.device, out_dir: Path,
-                 seed: int = 0, beta: float | None = None, train: EncodedCorpus | None = None) -> RunResult:
-    """Phase 2 (§III-D): a copy of the phase-1 model fine-tuned with the SCA loss weighted by `beta`."""
-    model = CoverageNAT(replace(phase1.cfg, coverage_weight=scale.beta if beta is None else beta))  # Eq. (15)
+                 seed: int = 0, beta: float | None = None, train: EncodedCorpus | None = None,
+                 train_cfg: TrainConfig | None = None, **fields) -> NATRun:
+    """Phase 2 (§III-D, Eq. 16): a copy of the phase-1 model fine-tuned with the SCA loss weighted by `beta`
+    (`fields` may change e.g. coverage_iterations, for the K_train ablation)."""
+    model = CoverageNAT(replace(phase1.cfg, coverage_weight=scale.beta if beta is None else beta, **fields))
     model.load_state_dict(phase1.state_dict())
-    return train_model(model, data, replace(scale.phase2, seed=seed), device, out_dir, train=train)
+    cfg = replace(train_cfg or scale.phase2, seed=seed)
+    return NATRun(train_model(model, data, cfg, device, Path(out_dir), train=train))
 
 
-# ---- one direction: the teacher, distillation and Table II's NAT models ----------------------------
+def train_nat(data: TranslationData, scale: NATScale, device: torch.device, out_dir: Path, seed: int = 0,
+              train: EncodedCorpus | None = None, beta: float | None = None, curve: bool = False,
+              **fields) -> tuple[NATRun, NATRun | None]:
+    """Phase 1, then phase 2 with SCA weight `beta` (default: the scale's); no phase 2 when beta = 0
+    or for NAT-Base (`use_coverage=False`). `train` is e.g. the distilled corpus. Returns both runs."""
+    phase1 = train_phase1(data, scale, device, Path(out_dir) / "phase1", seed, train, curve, **fields)
+    beta = scale.beta if beta is None else beta
+    if beta == 0 or not phase1.model.cfg.use_coverage:
+        return phase1, None
+    return phase1, train_phase2(phase1.model, data, scale, device, Path(out_dir) / "phase2", seed, beta, train)
+
+
+# ---- one direction: the teacher, distillation and the NAT models ------------------------------------
 
 @dataclass
 class Direction:
-    """One translation direction: its data, the autoregressive teacher and the distilled training set."""
+    """One translation direction: its data, chapter 0's teacher and the distilled training set."""
 
-    data: TranslationData
+    data: TranslationData  # the NAT analyses' data (dev/test limited to the scale's eval_examples)
     teacher: Transformer  # the AT model: it distils, is Table II's AT row, and rescores LPD candidates
     teacher_hyps: list[str]  # its beam outputs on `split`
     teacher_scores: dict[str, Score]  # their BLEU and chrF (msgcore.experiments.evaluate)
     distilled: EncodedCorpus  # the training sources with the teacher's translations as targets
-    distill_minutes: float  # wall time of the distillation
+    distilled_bleu: float  # BLEU of the distilled targets against the training references
+    teacher_run: RunResult | None = None  # chapter 0's run (reused from the cache, or trained now)
     split: str = "test_2016_flickr"  # the test split of Table II
 
     @property
@@ -166,28 +309,165 @@ class Direction:
         return f"{train.source_langs[0]}-{train.target_lang}"
 
 
-def train_direction(data: TranslationData, scale: NATScale, device: torch.device, out_dir: Path, seed: int = 0,
-                    split: str = "test_2016_flickr") -> Direction:
-    """Train the teacher (chapter 0's recipe with the scale's settings), test it on `split`, distil the training set."""
-    baseline = scale.baseline()
-    teacher = train_translation(data, baseline, device, Path(out_dir) / "teacher", seed=seed).model
-    hyps, scores = evaluate(teacher, data, split, baseline, device)
-    start = time.perf_counter()
+def chapter0_data(scale_name: str, seed: int = 0) -> dict[tuple[str, str], TranslationData]:
+    """Chapter 0's data, prepared exactly as chapter 0 does: De→En with its tokenizer, En→De on the same one."""
+    scale = teacher_scale(scale_name)
+    de_en = prepare_translation("de", "en", scale, seed=seed, allow_synthetic=scale_name == "smoke")
+    en_de = prepare_translation("en", "de", scale, seed=seed, tokenizer=de_en.tokenizer,
+                                allow_synthetic=scale_name == "smoke")
+    return {("de", "en"): de_en, ("en", "de"): en_de}
+
+
+def train_direction(data: TranslationData, scale: NATScale, baseline: Scale, device: torch.device, out_dir: Path,
+                    seed: int = 0, split: str = "test_2016_flickr") -> Direction:
+    """Chapter 0's teacher (`baseline`: its scale; a cache hit once chapter 0 ran), its test BLEU on `split`,
+    and the distilled training set. `data` must be prepared as chapter 0 prepares it (`chapter0_data`)."""
+    teacher_run = train_translation(data, baseline, device, Path(out_dir) / "teacher", seed=seed)
+    teacher = teacher_run.model
+    eval_data = limit_eval_splits(data, scale.eval_examples)
+    hyps, scores = evaluate(teacher, eval_data, split, replace(baseline, beam_size=scale.test_beam,
+                                                               test_examples=scale.eval_examples), device)
     distilled = distill(teacher, data, scale, device)
-    return Direction(data, teacher, hyps, scores, distilled, (time.perf_counter() - start) / 60, split)
+    return Direction(eval_data, teacher, hyps, scores, distilled, distilled_bleu(distilled, data), teacher_run, split)
+
+
+# the systems of the chapter, by name
+BASE, COV, COV_P1 = "NAT-Base", "Coverage-NAT", "Coverage-NAT w/o SCA"
 
 
 def train_main_systems(direction: Direction, scale: NATScale, device: torch.device, out_dir: Path,
-                       seeds: Sequence[int]) -> dict[tuple[str, int], RunResult]:
+                       seeds: Sequence[int], curve: bool = True) -> dict[tuple[str, int], NATRun]:
     """Table II's NAT models for each seed, on the distilled data: NAT-Base, and Coverage-NAT (K_train and
     beta from the scale) whose phase-1 model is "Coverage-NAT w/o SCA". Keyed (system, seed)."""
     data, train = direction.data, direction.distilled
     runs = {}
     for s in seeds:
-        runs["NAT-Base", s] = train_nat(data, scale, device, out_dir / f"base-{s}", s, train=train, use_coverage=False)[0]
-        phase1, phase2 = train_nat(data, scale, device, out_dir / f"cov-{s}", s, train=train)
-        runs["Coverage-NAT w/o SCA", s], runs["Coverage-NAT", s] = phase1, phase2
+        runs[BASE, s] = train_nat(data, scale, device, out_dir / f"base-{s}", s, train=train, curve=curve,
+                                  use_coverage=False)[0]
+        runs[COV_P1, s], runs[COV, s] = train_nat(data, scale, device, out_dir / f"cov-{s}", s, train=train,
+                                                  curve=curve)
     return runs
+
+
+def train_ablations(direction: Direction, runs: dict, scale: NATScale, device: torch.device, out_dir: Path,
+                    seed: int) -> dict[str, NATRun]:
+    """Table III's runs on one seed: phase 2 with each beta of `ablation_beta` (β = 0 is the compute-matched
+    control of phase 2), and K_train in `ablation_k` (from scratch, or fine-tuned from Coverage-NAT's phase-1
+    model when the scale has an `ablation` recipe)."""
+    data, train, k = direction.data, direction.distilled, scale.coverage_iterations
+    phase1 = runs[COV_P1, seed].model
+    out = {}
+    for beta in scale.ablation_beta:
+        out[f"K = {k}, β = {beta:g}"] = train_phase2(phase1, data, scale, device, out_dir / f"beta{beta:g}", seed,
+                                                     beta, train)
+    for k_train in scale.ablation_k:
+        if scale.ablation is None:
+            out[f"K_train = {k_train}"] = train_nat(data, scale, device, out_dir / f"k{k_train}", seed, train=train,
+                                                    beta=0, coverage_iterations=k_train)[0]
+        else:
+            out[f"K_train = {k_train}"] = train_phase2(phase1, data, scale, device, out_dir / f"k{k_train}", seed,
+                                                       0.0, train, scale.ablation, coverage_iterations=k_train)
+    return out
+
+
+@dataclass
+class ChapterRuns:
+    """Everything chapter 5 trains, for one scale and seed."""
+
+    scale: NATScale
+    seeds: tuple[int, ...]
+    directions: dict[str, Direction]  # by name, e.g. "De→En"; the first is the primary one
+    runs: dict[str, dict[tuple[str, int], NATRun]]  # direction name -> (system, seed) -> run
+    ablations: dict[str, NATRun]  # Table III's runs, primary direction, first seed
+    raw_baseline: NATRun | None  # NAT-Base trained on the references (primary direction, first seed)
+    minutes: dict[str, float]  # wall minutes of each stage in this process
+
+    @property
+    def primary(self) -> Direction:
+        return next(iter(self.directions.values()))
+
+
+def run_chapter(scale_name: str, device: torch.device, out_dir: str | Path, seed: int = 0) -> ChapterRuns:
+    """Train every run chapter 5 needs (through the run cache): the teachers (chapter 0's runs), the
+    distillations, the main systems for every seed and direction, and Table III's ablations."""
+    if scale_name not in NAT_SCALES:
+        raise MsgcoreError(f"unknown scale {scale_name!r}; choose one of {', '.join(NAT_SCALES)}")
+    scale, out_dir = NAT_SCALES[scale_name], Path(out_dir)
+    seeds = tuple(seed + i for i in range(scale.seeds))
+    minutes, start = {}, time.perf_counter()
+    all_data = chapter0_data(scale_name, seed)
+    directions = {}
+    for source, target in scale.directions:
+        d = train_direction(all_data[source, target], scale, teacher_scale(scale_name), device,
+                            out_dir / f"{source}-{target}", seed)
+        directions[d.name] = d
+    minutes["teachers and distillation"] = (time.perf_counter() - start) / 60
+    runs = {}
+    for name, d in directions.items():
+        t = time.perf_counter()
+        runs[name] = train_main_systems(d, scale, device, out_dir / d.key, seeds)
+        minutes[f"{name}: NAT-Base and Coverage-NAT"] = (time.perf_counter() - t) / 60
+    primary = next(iter(directions.values()))
+    t = time.perf_counter()
+    ablations = train_ablations(primary, runs[primary.name], scale, device, out_dir / primary.key / "ablation", seed)
+    minutes["Table III ablations"] = (time.perf_counter() - t) / 60
+    raw = None
+    if scale.raw_data_baseline:
+        t = time.perf_counter()
+        raw = train_nat(primary.data, scale, device, out_dir / primary.key / "base-raw", seed, use_coverage=False)[0]
+        minutes["NAT-Base on the references"] = (time.perf_counter() - t) / 60
+    return ChapterRuns(scale, seeds, directions, runs, ablations, raw, minutes)
+
+
+# ---- gates -----------------------------------------------------------------------------------------------
+
+def direction_gates(direction: Direction, scale: NATScale, nat_scores: dict[str, list[dict]]) -> list[Gate]:
+    """The gates one direction's verdicts rest on: the teacher trained, the distillation is faithful, and each NAT
+    system trained (repeats, BLEU after repeat removal, distance to the teacher) on every seed."""
+    name, teacher_bleu = direction.name, direction.teacher_scores["BLEU"].score
+    gates = [Gate(f"{name}: AT teacher test BLEU (beam {scale.test_beam})", teacher_bleu, scale.teacher_min_bleu),
+             Gate(f"{name}: distilled targets' BLEU vs the references, minus the teacher's test BLEU",
+                  direction.distilled_bleu - teacher_bleu, -scale.max_distill_gap)]
+    for system, rows in nat_scores.items():
+        worst_rep = max(r["repeats %"] for r in rows)
+        worst_bleu = min(r["BLEU (dedup)"] for r in rows)
+        gates.append(Gate(f"{name}: {system} repeated tokens % (test, worst seed)", worst_rep, scale.max_repeats,
+                          higher_is_better=False))
+        gates.append(Gate(f"{name}: {system} BLEU after repeat removal (test, worst seed)", worst_bleu,
+                          scale.min_nat_bleu))
+        if scale.max_teacher_gap is not None:
+            gates.append(Gate(f"{name}: {system} BLEU (dedup) minus the teacher's (test, worst seed)",
+                              worst_bleu - teacher_bleu, -scale.max_teacher_gap))
+    return gates
+
+
+def decoder_input_similarity(model: CoverageNAT, data: TranslationData, split: str, device: torch.device,
+                             mode: str | None = None, n: int = 200) -> float:
+    """Mean cosine similarity between the decoder inputs of two different target positions of one sentence
+    (over the first `n` sentences at their reference lengths): near 1 means every position gets the same vector.
+    `mode` overrides the model's decoder_input ("unk" or "uniform_copy") with the same weights."""
+    encoded = data.encoded[split]
+    idx = list(range(min(n, len(encoded))))
+    batch = collate(encoded, idx).to(device)
+    decoder = model.decoder
+    saved = decoder.cfg.decoder_input
+    try:
+        if mode is not None:
+            decoder.cfg = replace(decoder.cfg, decoder_input=mode)
+        model.eval()
+        with torch.no_grad():
+            memory = model.encode(batch.sources, batch.source_masks)
+            x = torch.nn.functional.normalize(decoder.inputs(batch.target_mask, memory[0]).float(), dim=-1)
+    finally:
+        decoder.cfg = replace(decoder.cfg, decoder_input=saved)
+    sims = []
+    for b in range(x.size(0)):
+        v = x[b, batch.target_mask[b]]  # (T, D)
+        T = v.size(0)
+        if T > 1:
+            cos = v @ v.T
+            sims.append(((cos.sum() - cos.diagonal().sum()) / (T * (T - 1))).item())
+    return statistics.mean(sims)
 
 
 # ---- decoding ---------------------------------------------------------------------------------

@@ -153,7 +153,8 @@ class CoverageDecoderLayer(NATDecoderLayer):
                  activation_dropout: float, pre_norm: bool, coverage_scale_init: float = 1.0):
         super().__init__(d_model, n_heads, d_ff, dropout, attention_dropout, activation_dropout, pre_norm)
         self.cross_attn = CoverageCrossAttention(d_model, n_heads, attention_dropout)
-        self.coverage_scale = nn.Parameter(torch.tensor(float(coverage_scale_init)))  # lambda (Eq. 9)
+        # lambda (Eq. 9), a one-element vector (a 0-d tensor cannot be fingerprinted by the run cache)
+        self.coverage_scale = nn.Parameter(torch.full((1,), float(coverage_scale_init)))
 
     def forward(self, x: Tensor, memory: list[EncoderOut], self_mask: Tensor, target_mask: Tensor,
                 attention: Tensor, iterations: int, states: list | None = None) -> tuple[Tensor, Tensor]:
