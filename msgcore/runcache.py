@@ -28,6 +28,7 @@ import torch
 
 from msgcore.utils import atomic_write
 
+RESULTS_VERSION = 1  # bump when a change of the shared core (trainer, layers, attention) changes training results
 REUSED: list[str] = []  # the names of the runs this process reused, in order (the book runner prints them)
 
 
