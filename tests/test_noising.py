@@ -46,3 +46,24 @@ def test_denoising_corpus_layout(tmp_path):
     assert corpus.sources[0][4][-1] == tok.lang_id("de")
     batch = collate(corpus, [0, 4])
     assert batch.target_in[0, :2].tolist() == [tok.bos_id, tok.lang_id("en")]
+
+
+def test_copy_ratio_leaves_that_share_of_sentences_clean(tmp_path):
+    texts = {"en": [f"a man rides bike number {i} down the hill ." for i in range(400)]}
+    tok = Tokenizer.train(texts["en"], vocab_size=60, langs=("en",), cache_dir=tmp_path)
+    noisy = denoising_corpus(texts, tok, seed=0, copy_ratio=0.0)
+    mixed = denoising_corpus(texts, tok, seed=0, copy_ratio=0.5)
+    assert all(tok.mask_id in s for s in noisy.sources[0])
+    clean = sum(tok.mask_id not in s for s in mixed.sources[0])
+    assert 150 < clean < 250
+    assert all(s[:-2] == t[1:] for s, t in zip(mixed.sources[0], mixed.target) if tok.mask_id not in s)
+
+
+def test_copy_corpus_is_clean_in_clean_out_with_language_tags(tmp_path):
+    from msgcore.noising import copy_corpus
+
+    texts = {"en": ["a red bike ."], "de": ["ein rotes Rad ."]}
+    tok = Tokenizer.train([*texts["en"], *texts["de"]] * 10, vocab_size=40, langs=("en", "de"), cache_dir=tmp_path)
+    corpus = copy_corpus(texts, tok)
+    assert corpus.sources[0][1] == tok.encode("ein rotes Rad .") + [tok.eos_id, tok.lang_id("de")]
+    assert corpus.target[1] == [tok.lang_id("de")] + tok.encode("ein rotes Rad .")

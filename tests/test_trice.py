@@ -88,21 +88,43 @@ def test_incremental_decoding_equals_full(K):
 def test_one_source_without_fine_encoder_equals_the_transformer():
     torch.manual_seed(0)
     single = Transformer(preset("tiny", **DIMS)).eval()
-    model = from_single_source(single, TriceConfig(**DIMS, fine_layers=0)).eval()
+    model = from_single_source(single, TriceConfig(**DIMS, fine_layers=0, embedding_norm=False)).eval()
     toks, masks = sources(1)
     batch = SimpleNamespace(sources=toks, source_masks=masks, target_in=torch.randint(4, 40, (3, 5)))
     torch.testing.assert_close(model(batch), single(batch))
 
 
-def test_stage_two_copies_stage_one_and_speeds_up_the_new_fine_encoder():
+def test_stage_two_copies_stage_one_and_gives_the_fine_encoder_an_absolute_lr(tmp_path):
+    from msgcore.trainer import Trainer, TrainConfig
+
     torch.manual_seed(0)
-    single = Transformer(preset("tiny", **DIMS))
-    model = from_single_source(single, TriceConfig(**DIMS, fine_layers=1, fine_lr_scale=10.0))
+    single = TriceTransformer(TriceConfig(**DIMS, fine_layers=0))
+    model = from_single_source(single, TriceConfig(**DIMS, fine_layers=1, base_lr=5e-5, fine_lr=5e-4))
     torch.testing.assert_close(model.encoder.layers[0].ffn.w1.weight, single.encoder.layers[0].ffn.w1.weight)
+    torch.testing.assert_close(model.encoder.embed.norm.weight, single.encoder.embed.norm.weight)
     rest, fine = model.parameter_groups()
-    assert fine["lr_scale"] == 10.0 and rest["lr_scale"] == 1.0
     assert {id(p) for p in fine["params"]} == {id(p) for p in model.fine_encoder.parameters()}
     assert len(rest["params"]) + len(fine["params"]) == len(list(model.parameters()))
+    from msgcore.batching import EncodedCorpus
+
+    toy = EncodedCorpus([[[5, 6, 3]] * 4], [[7, 8]] * 4, 1, 3)
+    trainer = Trainer(model, None, toy, None, None, TrainConfig(lr=5e-5, progress=False), torch.device("cpu"), tmp_path)
+    peak = [g["initial_lr"] for g in trainer.optimizer.param_groups]
+    assert peak == pytest.approx([5e-5, 5e-4])  # 5e-4 absolute, not 10x of whatever the base lr is
+
+
+def test_the_segment_embedding_is_followed_by_a_layernorm():
+    model = trice(fine_layers=0)
+    embed = model.encoder.embed
+    tokens = torch.randint(4, 40, (2, 6))
+    segments = torch.tensor([[0, 0, 0, 1, 1, 1]] * 2)
+    positions = torch.tensor([[0, 1, 2, 0, 1, 2]] * 2)
+    raw = embed.scale * embed.tokens(tokens) + embed.positions(positions) + embed.segments(segments)
+    torch.testing.assert_close(embed(tokens, positions, segments), embed.norm(raw))  # LN(tok + pos + seg)
+    out = embed(tokens, positions, segments)
+    torch.testing.assert_close(out.mean(-1), torch.zeros(2, 6), atol=1e-5, rtol=0)
+    assert isinstance(model.decoder.embed.norm, torch.nn.LayerNorm)
+    assert not hasattr(trice(fine_layers=0, embedding_norm=False).encoder.embed, "norm")
 
 
 def test_segment_embedding_and_joint_variant():
@@ -134,7 +156,7 @@ def test_single_source_sampling_is_uniform():
 
 def test_ffn_adapter_variant_adds_only_new_adapter_parameters():
     torch.manual_seed(0)
-    single = Transformer(preset("tiny", **DIMS))
+    single = TriceTransformer(TriceConfig(**DIMS, fine_layers=0))
     model = from_single_source(single, TriceConfig(**DIMS, fine_layers=0, encoder_adapters=True)).eval()
     new = model.new_parameter_names()
     assert new and all(".adapter" in name for name in new)
@@ -142,7 +164,7 @@ def test_ffn_adapter_variant_adds_only_new_adapter_parameters():
     toks, masks = sources(2)
     assert model.encode(toks, masks)[0].hidden.shape == (3, 5, DIMS["d_model"])
     rest, adapters = model.parameter_groups()
-    assert adapters["lr_scale"] == model.cfg.fine_lr_scale and len(adapters["params"]) == len(new)
+    assert adapters["lr_scale"] == model.cfg.fine_lr / model.cfg.base_lr and len(adapters["params"]) == len(new)
 
 
 def test_cross_source_attention_weights_are_distributions_over_the_other_sources():

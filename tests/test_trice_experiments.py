@@ -7,7 +7,8 @@ from msgcore.data import Corpus
 from msgcore.experiments import paired_delta, verdict
 from msgcore.experiments.trice import (current_sentence, document_bleu, joined_pair, previous_targets,
                                        shuffled_source, split_documents_at, train_stage2)
-from msgcore.model import Transformer, preset
+from msgcore.model import preset
+from msgcore.models.trice import TriceConfig, TriceTransformer
 from msgcore.tokenizer import SEP_PIECE, Tokenizer
 from msgcore.utils import MsgcoreError
 
@@ -84,7 +85,8 @@ def test_freezing_trains_only_the_new_fine_encoder(tmp_path):
 
     data = toy_data(tmp_path)
     torch.manual_seed(0)
-    single = Transformer(preset("tiny", vocab_size=data.tokenizer.vocab_size, **SCALE.model))
+    single = TriceTransformer(TriceConfig(**preset("tiny", vocab_size=data.tokenizer.vocab_size, **SCALE.model).to_dict(),
+                                          fine_layers=0))
     before = {n: p.detach().clone() for n, p in single.named_parameters()}
     run = train_stage2(single, data, SCALE, torch.device("cpu"), tmp_path / "frozen", freeze_old=True)
     changed = {n for n, p in run.model.named_parameters() if n in before and not torch.equal(p, before[n])}

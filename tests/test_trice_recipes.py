@@ -1,12 +1,12 @@
-"""TRICE's stages run end to end on the toy corpus, and each stage starts from the one before."""
-from dataclasses import replace
-
+"""TRICE's stages run end to end on the toy corpus, each stage starts from the one before, finetuning keeps
+the language tags, and the denoiser's reconstruction gate scores copies."""
+import pytest
 import torch
 
-from msgcore.batching import encode_corpus
 from msgcore.data import synthetic_corpus
 from msgcore.experiments import TranslationData
-from msgcore.experiments.trice import (TriceScale, pretrain, train_dualbart, train_dualtrans, train_mbart_trans,
+from msgcore.experiments.trice import (TriceScale, TriceTasks, encode_task, model_config, pretrain, reconstruction_bleu,
+                                       single_source_encoded, train_dualbart, train_dualtrans, train_mbart_trans,
                                        train_trice)
 from msgcore.models.trice import TriceTransformer
 from msgcore.tokenizer import Tokenizer
@@ -15,33 +15,70 @@ from msgcore.trainer import TrainConfig
 CPU = torch.device("cpu")
 STEPS = TrainConfig(lr=2e-3, warmup_steps=5, max_tokens=600, max_epochs=1, max_steps=6, patience=0,
                     valid_max_sentences=8, log_every=2, progress=False)
-SCALE = TriceScale("tiny", dict(d_model=32, d_ff=64, dropout=0.0), STEPS, STEPS, STEPS, STEPS, pretrain_sentences=40)
+SCALE = TriceScale("tiny", dict(d_model=32, d_ff=64, dropout=0.0), STEPS, STEPS, STEPS, STEPS, pretrain_sentences=40,
+                   heldout_sentences=4)
 
 
-def toy_data(tmp_path, num_sources=2):
+def toy_data(tmp_path, num_sources=2, tok=None):
     corpora = {split: synthetic_corpus(60 if split == "train" else 8, num_sources=num_sources, seed=0, split=split)
                for split in ("train", "val")}
     train = corpora["train"]
-    tok = Tokenizer.train(train.texts(), vocab_size=80, langs=(*train.source_langs, train.target_lang),
-                          cache_dir=tmp_path / "tok")
-    return TranslationData(tok, corpora, {s: encode_corpus(c, tok) for s, c in corpora.items()})
+    tok = tok or Tokenizer.train(train.texts(), vocab_size=80, langs=(*train.source_langs, train.target_lang),
+                                 cache_dir=tmp_path / "tok")
+    return TranslationData(tok, corpora, {s: encode_task(c, tok) for s, c in corpora.items()})
+
+
+def toy_tasks(data):
+    train = data.corpora["train"]
+    mono = {lang: column[:40] for lang, column in zip((*train.source_langs, train.target_lang),
+                                                       (*train.sources, train.target))}
+    return TriceTasks(data.tokenizer, {"m30k": data}, mono)
+
+
+def test_finetuning_batches_carry_language_tags(tmp_path):
+    data = toy_data(tmp_path)
+    tok, train = data.tokenizer, data.corpora["train"]
+    for k, lang in enumerate(train.source_langs):
+        assert all(s[-2:] == [tok.eos_id, tok.lang_id(lang)] for s in data.encoded["train"].sources[k])
+    assert all(t[0] == tok.lang_id(train.target_lang) for t in data.encoded["train"].target)
+    stage1 = single_source_encoded(data.encoded["train"], seed=0)
+    tags = {s[-1] for s in stage1.sources[0]}
+    assert tags == {tok.lang_id(lang) for lang in train.source_langs}  # each drawn source keeps its own tag
 
 
 def test_stages_chain_and_every_system_trains(tmp_path):
     data = toy_data(tmp_path)
-    pretrained, _ = pretrain(data, SCALE, CPU, tmp_path / "pre")
+    pre = pretrain(toy_tasks(data), SCALE, CPU, tmp_path / "pre")
+    pretrained = pre.model
+    assert isinstance(pretrained, TriceTransformer) and pretrained.fine_encoder is None
+    assert any(r["kind"] == "valid" for r in pre.history)  # validated on the held-out copy set
     before = pretrained.encoder.layers[0].ffn.w1.weight.clone()
     stage1, stage2 = train_trice(pretrained, data, SCALE, CPU, tmp_path / "trice")
     torch.testing.assert_close(pretrained.encoder.layers[0].ffn.w1.weight, before)  # the pre-trained model is kept
     assert isinstance(stage2.model, TriceTransformer) and stage2.model.fine_encoder is not None
+    assert stage2.model.cfg.base_lr == STEPS.lr and stage2.model.cfg.fine_lr == SCALE.fine_lr
     assert not torch.equal(stage1.model.encoder.layers[0].ffn.w1.weight, before)  # stage 1 trained
     assert any(r["kind"] == "valid" for r in stage2.history)
     dualbart = train_dualbart(pretrained, data, SCALE, CPU, tmp_path / "dualbart")
     assert dualbart.model.fine_encoder is None and not dualbart.model.cfg.separated_cross_attention
     dualtrans = train_dualtrans(data, SCALE, CPU, tmp_path / "dualtrans")
     assert not dualtrans.model.cfg.concatenated_encoding
-    single = toy_data(tmp_path, num_sources=1)
-    single = replace(single, tokenizer=data.tokenizer,
-                     encoded={s: encode_corpus(c, data.tokenizer) for s, c in single.corpora.items()})
+    single = toy_data(tmp_path, num_sources=1, tok=data.tokenizer)
     mbart = train_mbart_trans(pretrained, single, SCALE, CPU, tmp_path / "mbart")
     assert mbart.history
+
+
+class Copier(torch.nn.Module):
+    """A stand-in model whose `generate` returns its input minus </s> and the tag: a perfect denoiser."""
+
+    def generate(self, sources, source_masks, prefix_id, eos_id, cfg=None, forbidden=()):
+        return [[t for t, m in zip(row.tolist(), mask.tolist()) if m][:-2] for row, mask in zip(sources[0], source_masks[0])]
+
+
+def test_reconstruction_bleu_is_100_for_a_perfect_copier_and_low_for_a_bad_one(tmp_path):
+    data = toy_data(tmp_path)
+    texts = {"xa": data.corpora["val"].sources[0]}
+    assert reconstruction_bleu(Copier(), data.tokenizer, texts, CPU)["xa"] == pytest.approx(100.0)
+    torch.manual_seed(0)
+    untrained = TriceTransformer(model_config(data, SCALE, fine_layers=0)).eval()
+    assert reconstruction_bleu(untrained, data.tokenizer, texts, CPU)["xa"] < 50

@@ -17,6 +17,10 @@ The training stages (§2.2) are recipes: `sample_single_source` builds the stage
 `from_single_source` starts stage 2 from the stage-1 model with a new, randomly initialised fine
 encoder whose parameters get a larger learning rate (`parameter_groups`). Table 5's "FFN adapter"
 variant (`AdapterEncoderLayer`) adds new FFNs inside the coarse encoder instead.
+
+As in mBART and the authors' code, a LayerNorm follows the embedding sum (token + position + segment),
+in the encoder and in the decoder (`TriceEmbeddings`); the stand-in pre-training uses the same model.
+The new parameters learn at an absolute rate `fine_lr` (authors: 5e-4 against 5e-5 for the rest).
 """
 from __future__ import annotations
 
@@ -29,8 +33,9 @@ from torch import Tensor, nn
 from msgcore.attention import KV, MultiHeadAttention
 from msgcore.batching import concatenate_sources, split_sources
 from msgcore.data import Corpus
+from msgcore.embeddings import Embeddings
 from msgcore.layers import DecoderLayer, EncoderLayer, EncoderOut, FeedForward, ResidualLayer
-from msgcore.model import Decoder, Encoder, Transformer, TransformerConfig
+from msgcore.model import Decoder, Encoder, Transformer, TransformerConfig, build_embeddings
 
 
 @dataclass
@@ -41,12 +46,41 @@ class TriceConfig(TransformerConfig):
     concatenated_encoding: bool = True  # False = the coarse encoder reads each source alone (Table 6)
     segment_embedding: bool = True  # add E_seg[k] to the tokens of source k (Table 6)
     encoder_adapters: bool = False  # Table 5 "FFN adapter": an extra FFN sub-layer in every coarse encoder layer
-    fine_lr_scale: float = 10.0  # learning-rate multiplier of the new (stage-2) parameters (authors: 10x)
+    embedding_norm: bool = True  # LayerNorm after token + position + segment embeddings (mBART, authors' code)
+    base_lr: float = 5e-5  # the peak learning rate the trainer uses for this run (authors: 5e-5)
+    fine_lr: float = 5e-4  # absolute peak learning rate of the new (stage-2) parameters (authors: 5e-4)
 
 
 def join_sources(outs: list[EncoderOut]) -> EncoderOut:
     """Concatenate encoded sources along the length axis (padding kept, masked)."""
     return EncoderOut(torch.cat([o.hidden for o in outs], 1), torch.cat([o.mask for o in outs], 1))
+
+
+class TriceEmbeddings(Embeddings):
+    """X = LayerNorm(sqrt(d) E_tok[x] + E_pos[i] + E_seg[k]), then dropout (Eq. 8; the LayerNorm is mBART's
+    `layernorm_embedding`, which the authors' code applies after adding the segment embedding)."""
+
+    def __init__(self, token_embedding: nn.Embedding, positions: nn.Module, dropout: float, segment_stride: int):
+        super().__init__(token_embedding, positions, dropout, segment_stride)
+        self.norm = nn.LayerNorm(token_embedding.embedding_dim)
+
+    def forward(self, tokens: Tensor, positions: Tensor | None = None, segment_ids: Tensor | None = None,
+                start_pos: int = 0) -> Tensor:
+        if positions is None:
+            positions = torch.arange(start_pos, start_pos + tokens.size(1), device=tokens.device)
+            positions = positions.unsqueeze(0).expand_as(tokens)  # (B, T)
+        x = self.scale * self.tokens(tokens) + self.positions(positions)  # (B, T, D)
+        if segment_ids is not None:
+            x = x + self.segments(segment_ids)  # Eq. (8): + E_seg[k]
+        return self.dropout(self.norm(x))  # LayerNorm after the segment embedding (authors' code)
+
+
+def trice_embeddings(cfg: TriceConfig, token_embedding: nn.Embedding) -> Embeddings:
+    """The embedding block of a TRICE stack: with the embedding LayerNorm unless `cfg.embedding_norm` is off."""
+    plain = build_embeddings(cfg, token_embedding)
+    if not cfg.embedding_norm:
+        return plain
+    return TriceEmbeddings(token_embedding, plain.positions, cfg.dropout, cfg.segment_stride)
 
 
 class FineEncoderLayer(ResidualLayer):
@@ -94,7 +128,8 @@ class FineEncoder(nn.Module):
             updated, layer_weights = [], []
             for k, source in enumerate(current):
                 others = [o for j, o in enumerate(current) if j != k]
-                x, w = layer(source.hidden, source.mask, join_sources(others) if others else None, need_weights)
+                others = join_sources(others) if others else None  # Eq. (12): O_\k, the other sources joined
+                x, w = layer(source.hidden, source.mask, others, need_weights)
                 updated.append(x)
                 layer_weights.append(w)
             states = updated
@@ -120,6 +155,10 @@ class AdapterEncoderLayer(EncoderLayer):
 
 
 class TriceEncoder(Encoder):
+    def __init__(self, cfg: TriceConfig, token_embedding: nn.Embedding):
+        super().__init__(cfg, token_embedding)
+        self.embed = trice_embeddings(cfg, token_embedding)
+
     def build_layer(self, cfg: TriceConfig, index: int) -> nn.Module:
         return AdapterEncoderLayer(cfg) if cfg.encoder_adapters else super().build_layer(cfg, index)
 
@@ -145,6 +184,10 @@ class SeparatedCrossAttentionLayer(DecoderLayer):
 
 
 class TriceDecoder(Decoder):
+    def __init__(self, cfg: TriceConfig, token_embedding: nn.Embedding):
+        super().__init__(cfg, token_embedding)
+        self.embed = trice_embeddings(cfg, token_embedding)
+
     def build_layer(self, cfg: TriceConfig, index: int) -> nn.Module:
         layer_class = SeparatedCrossAttentionLayer if cfg.separated_cross_attention else DecoderLayer
         return layer_class(cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout,
@@ -176,7 +219,7 @@ class TriceTransformer(Transformer):
         # With one source there is nothing to tell apart: no segment embedding, a plain seq2seq model.
         segments = segments if self.cfg.segment_embedding and len(sources) > 1 else None
         packed = self.encoder(tokens, mask, positions=positions, segment_ids=segments)  # Eq. (9)
-        hidden = split_sources(packed.hidden, source_masks)
+        hidden = split_sources(packed.hidden, source_masks)  # Eq. (10)
         return [EncoderOut(h, m) for h, m in zip(hidden, source_masks)]
 
     def encode(self, sources: list[Tensor], source_masks: list[Tensor]) -> list[EncoderOut]:
@@ -198,12 +241,14 @@ class TriceTransformer(Transformer):
         return [name for name, _ in self.named_parameters() if is_new_parameter(name)]
 
     def parameter_groups(self) -> list[dict]:
-        """The stage-2 parameters are new: they learn `fine_lr_scale` times faster (authors' code)."""
+        """The stage-2 parameters are new: they learn at the absolute rate `fine_lr` (authors' code: 5e-4
+        against 5e-5). The trainer multiplies its peak lr (`base_lr`) by `lr_scale`, hence the ratio."""
         new = set(self.new_parameter_names())
         named = list(self.named_parameters())
         groups = [{"params": [p for n, p in named if n not in new], "lr_scale": 1.0}]
         if new:
-            groups.append({"params": [p for n, p in named if n in new], "lr_scale": self.cfg.fine_lr_scale})
+            groups.append({"params": [p for n, p in named if n in new],
+                           "lr_scale": self.cfg.fine_lr / self.cfg.base_lr})
         return groups
 
 
