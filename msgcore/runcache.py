@@ -29,7 +29,16 @@ import torch
 from msgcore.utils import atomic_write
 
 RESULTS_VERSION = 1  # bump when a change of the shared core (trainer, layers, attention) changes training results
-REUSED: list[str] = []  # the names of the runs this process reused, in order (the book runner prints them)
+REUSED: list[str] = []  # the names of the runs this process reused, in order
+
+
+def note_reused(name: str) -> None:
+    """Remember a reused entry; also append it to $MSGCORE_REUSE_LOG (the book runner reads that file per chapter)."""
+    REUSED.append(name)
+    log = os.environ.get("MSGCORE_REUSE_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(name + "\n")
 
 
 def cache_root() -> Path | None:
@@ -60,11 +69,23 @@ def _feed(h, obj) -> None:
                 _feed(h, x)
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         h.update(type(obj).__name__.encode())
-        _feed(h, {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
+        _feed(h, non_default_fields(obj))
     elif isinstance(obj, bytes):
         h.update(b"B" + obj)
     else:
         h.update(repr(obj).encode())
+
+
+def non_default_fields(obj) -> dict:
+    """A dataclass's fields that differ from their defaults: a field added later, with a default, keeps old keys."""
+    values = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+        if default is dataclasses.MISSING or value != default:
+            values[f.name] = value
+    return values
 
 
 def fingerprint(*objects) -> str:
@@ -120,7 +141,7 @@ def cached_artifact(kind: str, key: dict, build: Callable[[], object]):
     if entry is None:
         return build()
     if finished(entry) is not None:
-        REUSED.append(entry.name)
+        note_reused(entry.name)
         return torch.load(entry / "artifact.pt", weights_only=False)
     value = build()
     buffer = io.BytesIO()

@@ -39,6 +39,24 @@ def test_fingerprint_is_by_value():
     assert runcache.fingerprint(cfg()) != runcache.fingerprint(cfg(lr=2e-3))
 
 
+def test_a_field_added_later_with_its_default_keeps_the_key():
+    from dataclasses import dataclass, field
+
+    @dataclass
+    class Old:
+        lr: float = 1e-3
+
+    @dataclass
+    class Old2:  # the same config after a release added a field
+        lr: float = 1e-3
+        save_every: int = 0
+        tags: list = field(default_factory=list)
+
+    Old2.__name__ = "Old"
+    assert runcache.fingerprint(Old(2e-3)) == runcache.fingerprint(Old2(2e-3))
+    assert runcache.fingerprint(Old(2e-3)) != runcache.fingerprint(Old2(2e-3, save_every=5))
+
+
 def test_same_recipe_is_reused_and_gives_the_same_weights(toy, tmp_path):
     first = train_model(fresh_model(toy), toy, cfg(), torch.device("cpu"), tmp_path / "a")
     second = train_model(fresh_model(toy), toy, cfg(), torch.device("cpu"), tmp_path / "b")
@@ -120,3 +138,12 @@ def test_cache_can_be_turned_off(toy, tmp_path, monkeypatch):
     monkeypatch.setenv("MSGCORE_RUNS", "off")
     run = train_model(fresh_model(toy), toy, cfg(), torch.device("cpu"), tmp_path / "a")
     assert run.out_dir == tmp_path / "a" and (tmp_path / "a" / "best.pt").is_file() and not run.reused
+
+
+def test_reuse_is_logged_for_the_book_runner(toy, tmp_path, monkeypatch):
+    log = tmp_path / "reused.txt"
+    monkeypatch.setenv("MSGCORE_REUSE_LOG", str(log))
+    first = train_model(fresh_model(toy), toy, cfg(), torch.device("cpu"), tmp_path / "a")
+    assert not log.exists()
+    train_model(fresh_model(toy), toy, cfg(), torch.device("cpu"), tmp_path / "b")
+    assert log.read_text().splitlines() == [first.out_dir.name]

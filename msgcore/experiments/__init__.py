@@ -170,7 +170,7 @@ def code_fingerprint(model) -> str:
 
 def run_key(model, train_cfg: TrainConfig, train: EncodedCorpus, valid: EncodedCorpus, refs: list[str]) -> str:
     """What decides a training run's result (the device does not: a GPU run serves a CPU notebook)."""
-    recipe = replace(train_cfg, progress=False)
+    recipe = replace(train_cfg, progress=False, log_every=TrainConfig.log_every)  # neither changes the result
     return runcache.fingerprint(type(model).__name__, model.cfg, model.state_dict(), recipe, train, valid, refs,
                                 code_fingerprint(model))
 
@@ -220,7 +220,7 @@ def load_finished_run(model, folder: Path, meta: dict, device: torch.device) -> 
 
     model.load_state_dict(load_checkpoint(folder / "best.pt")["model"])
     history = json.loads((folder / "log.json").read_text())
-    runcache.REUSED.append(folder.name)
+    runcache.note_reused(folder.name)
     print(f"reused cached run {folder.name} (trained in {meta['wall_time_s'] / 60:.1f} min on {meta['device']})")
     return RunResult(model.to(device).eval(), history, meta["wall_time_s"], folder, reused=True)
 
