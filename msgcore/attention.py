@@ -8,7 +8,10 @@ Notation (shapes are batch-first):
 One module serves self-attention, causal self-attention and cross-attention:
     * self-attention:  `attn(x)`                      keys/values come from x
     * cross-attention: `attn(x, memory=enc_hidden)`   keys/values come from the encoder
-Masks are bool and True means "may attend", as in `F.scaled_dot_product_attention`.
+Masks are bool and True means "may attend", as in `F.scaled_dot_product_attention`, or float: an
+additive bias on the logits (-inf = may not attend), e.g. MARGE's relevance bias; `additive_mask`
+merges a bool mask and a bias into one. A query row with no key to attend to gets zero weights and
+a zero output on both paths (SDPA does this on CPU; the math path is written to match), never NaN.
 
 The KV cache is explicit: a `(k, v)` pair, each (B, H, S, Dh), is passed in and returned.
     * self-attention appends this step's keys/values to the cached ones;
@@ -29,15 +32,24 @@ def attention_math(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                    dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention written out, for teaching, tests and attention maps.
 
-    q (B, H, T, Dh), k and v (B, H, S, Dh), mask broadcastable to (B, H, T, S), True = may attend.
+    q (B, H, T, Dh), k and v (B, H, S, Dh), mask broadcastable to (B, H, T, S): bool (True = may
+    attend) or float (added to the logits, -inf = may not attend).
     Returns the output (B, H, T, Dh) and the attention weights (B, H, T, S).
     """
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # Eq. (1): QK^T / sqrt(d_k)
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # Eq. (1): softmax(.)
+        scores = scores + mask if mask.is_floating_point() else scores.masked_fill(~mask, float("-inf"))
+    dead = scores.isneginf().all(-1, keepdim=True)  # (B, H, T, 1) rows with no key: weights 0, not NaN
+    weights = torch.softmax(scores.masked_fill(dead, 0.0).float(), dim=-1)  # Eq. (1): softmax(.)
+    weights = weights.masked_fill(dead, 0.0).to(q.dtype)
     weights = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     return weights @ v, weights  # Eq. (1): softmax(.) V
+
+
+def additive_mask(mask: Tensor | None, bias: Tensor) -> Tensor:
+    """One float mask from a bool mask (True = may attend) and an additive bias, both broadcastable
+    to (B, H, T, S): the bias where attending is allowed, -inf elsewhere."""
+    return bias if mask is None else bias.masked_fill(~mask, float("-inf"))
 
 
 def causal_mask(query_len: int, key_len: int, device: torch.device) -> Tensor:
@@ -88,7 +100,8 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: Tensor, memory: Tensor | None = None, mask: Tensor | None = None,
                 cache: KV | None = None, causal: bool = False,
                 need_weights: bool = False) -> tuple[Tensor, KV, Tensor | None]:
-        """x (B, T, D); memory (B, S, D) for cross-attention; mask broadcastable to (B, H, T, S).
+        """x (B, T, D); memory (B, S, D) for cross-attention; mask broadcastable to (B, H, T, S),
+        bool (True = may attend) or float (an additive bias on the logits, -inf = may not attend).
 
         `causal=True` lets query t see keys <= t (counting cached positions).
         Returns output (B, T, D), the new cache (k, v) and the weights (B, H, T, S) or None.
@@ -99,7 +112,12 @@ class MultiHeadAttention(nn.Module):
         use_is_causal = causal and T == S and mask is None  # SDPA's fast causal path
         if causal and not use_is_causal and T > 1:
             step_mask = causal_mask(T, S, x.device)  # (T, S)
-            mask = step_mask if mask is None else mask & step_mask
+            if mask is None:
+                mask = step_mask
+            else:
+                mask = additive_mask(step_mask, mask) if mask.is_floating_point() else mask & step_mask
+        if mask is not None and mask.is_floating_point():
+            mask = mask.to(q.dtype)  # SDPA wants a float mask in the query's dtype (e.g. under autocast)
         dropout_p = self.dropout if self.training else 0.0
         if need_weights:
             if use_is_causal:
