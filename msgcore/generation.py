@@ -10,12 +10,14 @@ start_pos)`, so single- and multi-source models share them.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from msgcore.layers import EncoderOut
+from msgcore.utils import MsgcoreError
 
 
 @dataclass
@@ -188,3 +190,73 @@ def rescore(model, sources: list[Tensor], source_masks: list[Tensor], prefix_id:
                                        [m.index_select(0, rows) for m in source_masks], prefix_id, eos_id, flat, pad_id)
     best = (logp / lengths).view(len(candidates), l).argmax(1).tolist()
     return [per_sentence[b] for per_sentence, b in zip(candidates, best)]
+
+
+# ---- ensembles (e.g. Lee et al. 2019, §3.3: POSTECH's APE submissions) ---------------------------------
+
+@dataclass
+class MemberState:
+    """One ensemble member's share of the memory or of the cache, reordered as a whole (beam search)."""
+
+    parts: list  # that member's EncoderOut list, or its per-layer caches
+
+    def index_select(self, index: Tensor, reorder_cross: bool = True) -> "MemberState":
+        return MemberState([part.index_select(index) if isinstance(part, EncoderOut)
+                            else part.index_select(index, reorder_cross=reorder_cross) for part in self.parts])
+
+
+@dataclass
+class EnsembleOut:
+    logits: Tensor  # (B, T, V) combined log-probabilities
+    cache: list[MemberState]  # one per member
+    cross_attention: list = ()
+
+
+class Ensemble:
+    """N autoregressive models decoding as one: each step combines the members' next-token distributions.
+
+    It has the interface that greedy_search, beam_search, generate, sequence_log_probs, rescore and
+    translate_encoded use (`encode`, `decode`, `generate`, `eval`), so any model with `encode` and an
+    incremental `decode` can be a member, and members may be of different types (they must share the
+    vocabulary). Memory and cache hold one `MemberState` per member.
+        mode "logprob": logits = (1/N) sum_m log p_m          (OpenNMT-py's default, used by POSTECH)
+        mode "prob":    logits = log (1/N) sum_m p_m          (OpenNMT-py's -avg_raw_probs; fairseq's)
+    # Deviation: the searches apply log_softmax to every step's logits, so "logprob" decodes with the
+    # renormalized mean, log_softmax((1/N) sum_m log p_m) = (1/N) sum_m log p_m - c (c >= 0 per row and step);
+    # OpenNMT-py scores hypotheses with the unnormalized mean. The order of tokens within a step is the same.
+    """
+
+    def __init__(self, models: list, mode: str = "logprob"):
+        if not models:
+            raise MsgcoreError("an ensemble needs at least one model")
+        if mode not in ("logprob", "prob"):
+            raise MsgcoreError(f"Ensemble mode {mode!r}; use 'logprob' or 'prob'")
+        self.models, self.mode = list(models), mode
+
+    def eval(self) -> "Ensemble":
+        for model in self.models:
+            model.eval()
+        return self
+
+    def encode(self, sources: list[Tensor], source_masks: list[Tensor]) -> list[MemberState]:
+        return [MemberState(model.encode(sources, source_masks)) for model in self.models]
+
+    def decode(self, tokens: Tensor, memory: list[MemberState], cache: list[MemberState] | None = None,
+               start_pos: int = 0, need_weights: bool = False) -> EnsembleOut:
+        """tokens (B, T) -> combined log-probabilities (B, T, V) in fp32 and the members' new caches."""
+        cache = cache or [None] * len(self.models)
+        log_probs, new_cache = [], []
+        for model, member_memory, member_cache in zip(self.models, memory, cache):
+            out = model.decode(tokens, member_memory.parts, member_cache.parts if member_cache else None, start_pos)
+            log_probs.append(torch.log_softmax(out.logits.float(), dim=-1))  # (B, T, V) log p_m
+            new_cache.append(MemberState(out.cache))
+        stacked = torch.stack(log_probs)  # (N, B, T, V)
+        if self.mode == "logprob":
+            combined = stacked.mean(0)  # (1/N) sum_m log p_m
+        else:
+            combined = torch.logsumexp(stacked, 0) - math.log(len(self.models))  # log (1/N) sum_m p_m
+        return EnsembleOut(combined, new_cache)
+
+    def generate(self, sources: list[Tensor], source_masks: list[Tensor], prefix_id: int, eos_id: int,
+                 cfg: GenerationConfig | None = None, forbidden: list[int] = ()) -> list[list[int]]:
+        return generate(self, sources, source_masks, prefix_id, eos_id, cfg, forbidden)

@@ -7,7 +7,8 @@ Each sub-layer is wrapped in a residual connection and layer normalisation:
 # (Xiong et al. 2020). Set `pre_norm=False` for the paper's arrangement.
 
 Hooks for the papers' models: `DecoderLayer.cross_attend` is the only place where the decoder
-looks at the encoder output, so a multi-source model overrides that one method.
+looks at the encoder output, so a multi-source model overrides that one method; `cross_block`
+wraps it in the residual connection and norm, for a model that needs to change those too.
 """
 from __future__ import annotations
 
@@ -119,14 +120,22 @@ class DecoderLayer(ResidualLayer):
                                          need_weights=need_weights)
         return h, [kv], weights
 
+    def cross_block(self, x: Tensor, memory: list[EncoderOut], cross_kv: list[KV] | None,
+                    need_weights: bool) -> tuple[Tensor, list[KV], Tensor | None]:
+        """Hook: the whole cross sub-layer, residual connection and norm included: x (B, T, D) -> x.
+
+        The default wraps `cross_attend` like every other sub-layer; a model whose sources combine
+        around the residual connection (several norms, sources in sequence) overrides this instead.
+        """
+        h, cross_kv, weights = self.cross_attend(self.before(x, self.cross_attn_norm), memory, cross_kv, need_weights)
+        return self.after(x, h, self.cross_attn_norm), cross_kv, weights
+
     def forward(self, x: Tensor, memory: list[EncoderOut], cache: LayerCache | None = None,
                 need_weights: bool = False) -> tuple[Tensor, LayerCache, Tensor | None]:
         """x (B, T, D): this step's target states (T = 1 when decoding incrementally)."""
         cache = cache or LayerCache()
         h, self_kv, _ = self.self_attn(self.before(x, self.self_attn_norm), cache=cache.self_kv, causal=True)
         x = self.after(x, h, self.self_attn_norm)
-        h, cross_kv, weights = self.cross_attend(self.before(x, self.cross_attn_norm), memory,
-                                                 cache.cross_kv, need_weights)
-        x = self.after(x, h, self.cross_attn_norm)
+        x, cross_kv, weights = self.cross_block(x, memory, cache.cross_kv, need_weights)
         x = self.after(x, self.ffn(self.before(x, self.ffn_norm)), self.ffn_norm)
         return x, LayerCache(self_kv, cross_kv), weights

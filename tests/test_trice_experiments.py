@@ -135,3 +135,34 @@ def test_scale_limits_cut_whole_ted_test_documents(tmp_path, monkeypatch):
     test = tasks["ted"]["test"]
     assert synthetic and sorted(set(test.doc_ids)) == [0, 1, 2] and len(test) == 30
     assert len(tasks["ted_sent"]["test"]) == 30
+
+
+def test_paper_tables_quote_numbers_that_are_in_the_paper_text():
+    from pathlib import Path
+
+    from msgcore.experiments.trice import PAPER_TABLES
+
+    paper = Path(__file__).resolve().parents[2] / "shared" / "papers" / "trice-huang-2021.txt"
+    if not paper.is_file():
+        pytest.skip("the paper's text is not beside this checkout")
+    text = paper.read_text()
+
+    def numbers(obj):
+        if isinstance(obj, dict):
+            for v in obj.values():
+                yield from numbers(v)
+        elif isinstance(obj, float):
+            yield obj
+
+    values = list(numbers(PAPER_TABLES))
+    assert len(values) > 40
+    missing = [v for v in values if f"{v:.2f}" not in text and f"{v:.1f}" not in text]
+    assert not missing
+
+
+def test_fixed_steps_trains_exactly_that_budget_and_validates_at_its_end():
+    from msgcore.experiments.trice import TRICE_SCALES, fixed_steps
+
+    cfg = fixed_steps(TRICE_SCALES["small"].stage2, 100)
+    assert (cfg.max_steps, cfg.validate_every, cfg.patience) == (100, 100, 0)
+    assert fixed_steps(TRICE_SCALES["small"].stage2, 0).max_steps == 1
