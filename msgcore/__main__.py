@@ -1,143 +1,545 @@
 """Command line: `python -m msgcore {train,translate,score}`; `python -m msgcore CMD --help` for options.
 
-    python -m msgcore train --dataset multi30k --sources de --target en --out runs/de-en
+    python -m msgcore train --dataset multi30k --sources de --target en --preset tiny --out runs/de-en
+    python -m msgcore train ... --out runs/de-en --resume runs/de-en/last.pt   # continue a killed run
     python -m msgcore translate --checkpoint runs/de-en/best.pt --input test.de --output hyp.en
     python -m msgcore score --hyp hyp.en --ref test.en --metrics bleu chrf ter
     torchrun --nproc_per_node=4 -m msgcore train ...       # data-parallel on 4 GPUs (msgcore.distributed)
+
+Every bad input is refused with one line starting "error: " (exit status 2) before any work is spent,
+and no partial output file is left behind; tests/README.md lists the cases.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
+import math
+import os
 import sys
+from pathlib import Path
 
-from msgcore import distributed
-from msgcore.batching import encode_corpus
-from msgcore.data import (Corpus, check_same_length, load_ape, load_mlqe_pe, load_multi30k, read_lines, read_parallel,
-                          synthetic_corpus)
+from msgcore import distributed, download
+from msgcore.batching import EncodedCorpus, encode_corpus
+from msgcore.data import Corpus, check_same_length, load_ape, load_mlqe_pe, load_multi30k, read_lines, read_parallel, \
+    synthetic_corpus
+from msgcore.experiments import CLI_RECIPE_SCALES, cli_recipe
 from msgcore.generation import GenerationConfig
 from msgcore.metrics import score_all
 from msgcore.model import PRESETS, Transformer, preset
 from msgcore.tokenizer import Tokenizer
-from msgcore.trainer import Trainer, TrainConfig, load_model, translate_encoded
-from msgcore.utils import MsgcoreError, atomic_write, resolve_device, seed_everything
+from msgcore.trainer import Trainer, TrainConfig, best_on_disk, load_checkpoint, load_model, translate_encoded
+from msgcore.utils import MsgcoreError, atomic_write, check_writable_dir, check_writable_file, resolve_device, \
+    seed_everything
 
+RUN_FILES = ("last.pt", "best.pt", "log.json")  # a folder holding any of these is an existing run
+LOCK_NAME = ".lock"
+ONE_SOURCE_MODELS = ("Transformer", "CoverageNAT")  # checkpoint classes that read exactly one --input
+DEFAULT_PRESET, DEFAULT_SEED, DEFAULT_SPM = "small", 0, "unigram"
+# Options a resumed run must share with its checkpoint (they shape the model, the tokenizer or the batches).
+RESUME_FIXED = ("preset", "vocab_size", "spm_type", "dropout", "lr", "warmup", "max_tokens", "batches_per_update",
+                "seed")
+SKIP_EMPTY_HINT = "pass --skip-empty to drop such examples"
+# Library hints that name Python arguments, and what the command line says instead.
+CLI_WORDING = {"pass skip_empty=True to drop such examples": SKIP_EMPTY_HINT,
+               "concatenate them (Batch.concatenated) or use a multi-source model": "give one --input file"}
+
+
+# ---------------------------------------------------------------------------- option types (argparse ranges)
+
+def whole(low: int, high: int | None = None):
+    """An argparse type: an integer in [low, high] (no upper bound when high is None)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{value} is out of range ({span(low, high)})")
+        return value
+    return parse
+
+
+def real(low: float, high: float | None = None, *, low_open: bool = False, high_open: bool = False):
+    """An argparse type: a finite number in the interval from low to high (open ends when asked)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        below = value <= low if low_open else value < low
+        above = high is not None and (value >= high if high_open else value > high)
+        if not math.isfinite(value) or below or above:
+            bounds = f"{'>' if low_open else '>='} {low}" + (f" and {'<' if high_open else '<='} {high}" if high else "")
+            raise argparse.ArgumentTypeError(f"{text} is out of range (a finite number {bounds})")
+        return value
+    return parse
+
+
+def span(low: int, high: int | None) -> str:
+    return f"{low} to {high}" if high is not None else f"at least {low}"
+
+
+def device_option(text: str) -> str:
+    """An argparse type: 'auto' or a torch device string (cpu, cuda, cuda:1)."""
+    import torch
+
+    if text == "auto":
+        return text
+    try:
+        torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    return text
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with usage errors as one line, "error: ...", exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every default; an option whose default is None says in its help what it defaults to."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+# ---------------------------------------------------------------------------- train: settle and check options
+
+def recipe_help(name: str, what: str) -> str:
+    values = ", ".join(f"{p} {cli_recipe(p)[name]}" for p in sorted(PRESETS))
+    return f"{what} (default: chapter 0's recipe for the preset: {values}; on --resume, the checkpoint's)"
+
+
+def checkpoint_options(checkpoint: dict) -> dict:
+    """The options a checkpoint was trained with (those the CLI recorded, else what its configs say)."""
+    recorded = (checkpoint.get("run_info") or {}).get("options")
+    if recorded:
+        return recorded
+    train_cfg, model_cfg = checkpoint["train_config"], checkpoint["model_config"]
+    return {"dropout": model_cfg.get("dropout"), "lr": train_cfg["lr"], "warmup": train_cfg["warmup_steps"],
+            "max_tokens": train_cfg["max_tokens"], "batches_per_update": train_cfg["update_freq"],
+            "seed": train_cfg["seed"]}
+
+
+def run_options(args) -> dict:
+    """What RESUME_FIXED compares: the settled options, the batches per update counted over every process."""
+    options = {name: getattr(args, name) for name in RESUME_FIXED if name != "batches_per_update"}
+    return {**options, "batches_per_update": args.update_freq * max(1, distributed.world_size())}
+
+
+def settle_options(args, checkpoint: dict | None) -> None:
+    """Fill options left out: from the checkpoint when resuming, else from the preset's recipe.
+
+    A resumed run that asks for another value of a RESUME_FIXED option is refused, naming the options."""
+    given = {name for name in RESUME_FIXED if getattr(args, name, None) is not None}
+    given |= {"batches_per_update"} if args.update_freq is not None else set()
+    if checkpoint is not None:
+        previous = checkpoint_options(checkpoint)
+        for name, value in previous.items():
+            if name in RESUME_FIXED and name != "batches_per_update" and getattr(args, name) is None:
+                setattr(args, name, value)
+    args.preset = args.preset or DEFAULT_PRESET
+    args.seed = DEFAULT_SEED if args.seed is None else args.seed
+    args.spm_type = args.spm_type or DEFAULT_SPM
+    if args.update_freq is None:  # the checkpoint's batches per update, spread over this run's processes
+        per_update = checkpoint_options(checkpoint).get("batches_per_update", 1) if checkpoint is not None else 1
+        args.update_freq = max(1, per_update // max(1, distributed.world_size()))
+    for name, value in cli_recipe(args.preset).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if checkpoint is not None:
+        refuse_changes(args, checkpoint_options(checkpoint), given)
+
+
+def refuse_changes(args, previous: dict, given: set[str]) -> None:
+    now = run_options(args)
+    changed = [name for name in RESUME_FIXED if name in given and name in previous and previous[name] != now[name]]
+    if changed:
+        was = ", ".join(f"{name}={previous[name]}" for name in changed)
+        asked = ", ".join(f"{name}={now[name]}" for name in changed)
+        raise MsgcoreError(f"--resume {args.resume} was trained with {was} but this run asks for {asked}; "
+                           f"leave these options out to keep the checkpoint's, or start a new run in another --out")
+
+
+def check_train_request(args) -> None:
+    """Checks of the command line itself, before anything is read or written."""
+    if bool(args.train_files) != bool(args.valid_files):
+        raise MsgcoreError("--train-files and --valid-files go together")
+    if args.train_files and len(args.train_files) != len(args.valid_files):
+        raise MsgcoreError(f"--train-files has {len(args.train_files)} files but --valid-files has "
+                           f"{len(args.valid_files)}; give one validation file per training file (SRC... TGT)")
+    if args.resume and args.overwrite:
+        raise MsgcoreError("--resume and --overwrite contradict each other; give one")
+    for option, paths in (("--train-files", args.train_files), ("--valid-files", args.valid_files),
+                          ("--resume", [args.resume] if args.resume else [])):
+        check_input_files(paths or [], option)
+
+
+def check_input_files(paths, option: str) -> None:
+    for path in map(Path, paths):
+        if path.is_dir():
+            raise MsgcoreError(f"{option} {path} is a folder, not a file")
+        if not path.is_file():
+            raise MsgcoreError(f"{option} {path}: no such file")
+
+
+def check_run_folder(args) -> None:
+    """--out must be a writable folder, and not another run's unless --resume or --overwrite says so."""
+    out = Path(args.out)
+    check_writable_dir(out, "--out")
+    existing = [name for name in RUN_FILES if (out / name).exists()]
+    if existing and not (args.resume or args.overwrite):
+        raise MsgcoreError(f"--out {out} already holds a run ({', '.join(existing)}); pass --resume {out / 'last.pt'} "
+                           f"to continue it, --overwrite to replace it, or choose another --out")
+    cache = download.cache_dir()
+    if cache.exists() and not cache.is_dir():
+        raise MsgcoreError(f"MSGCORE_DATA={cache} is a file, not a folder; point it at a folder (or unset it)")
+
+
+@contextlib.contextmanager
+def run_lock(out: Path):
+    """Hold OUT/.lock (holding our pid) while training, so that two runs never write one folder."""
+    out.mkdir(parents=True, exist_ok=True)
+    lock = out / LOCK_NAME
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            break
+        except FileExistsError:
+            remove_stale_lock(lock)
+    else:
+        raise MsgcoreError(f"cannot take {lock}")
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()}\n")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            lock.unlink()
+
+
+def remove_stale_lock(lock: Path) -> None:
+    """Remove a lock whose process is gone; refuse when it is alive."""
+    try:
+        pid = int(lock.read_text().strip() or "0")
+    except (OSError, ValueError):
+        pid = 0
+    if pid > 0 and process_alive(pid):
+        raise MsgcoreError(f"another run (pid {pid}) is writing to {lock.parent}; wait for it to end, or choose "
+                           f"another --out (delete {lock} only if that process is not a msgcore run)")
+    with contextlib.suppress(FileNotFoundError):
+        lock.unlink()
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# ---------------------------------------------------------------------------- train: data
 
 def load_split(args, split: str) -> Corpus:
     """The training or validation corpus named on the command line."""
     if args.train_files:
         files = args.train_files if split == "train" else args.valid_files
-        columns = read_parallel(files)
+        columns = read_parallel(files, skip_empty=args.skip_empty, hint=SKIP_EMPTY_HINT)
         langs = tuple(f"src{k}" for k in range(len(files) - 1))
         return Corpus("files", split, langs, "tgt", columns[:-1], columns[-1])
     if args.dataset == "multi30k":
-        return load_multi30k("train" if split == "train" else "val", sources=args.sources, target=args.target)
+        return load_multi30k("train" if split == "train" else "val", sources=args.sources, target=args.target,
+                             skip_empty=args.skip_empty)
     if args.dataset == "ape":
-        return load_ape("train" if split == "train" else "dev")
+        return load_ape("train" if split == "train" else "dev", skip_empty=args.skip_empty)
     if args.dataset == "mlqe-pe":
-        return load_mlqe_pe("train" if split == "train" else "dev")
+        return load_mlqe_pe("train" if split == "train" else "dev", skip_empty=args.skip_empty)
     return synthetic_corpus(3000 if split == "train" else 200, num_sources=len(args.sources), seed=args.seed,
                             split="train" if split == "train" else "val")
 
 
+def check_corpora(args, train_corpus: Corpus, valid_corpus: Corpus) -> None:
+    if train_corpus.num_sources != 1:
+        raise MsgcoreError(f"the Transformer takes 1 source, the data has {train_corpus.num_sources}")
+    if valid_corpus.num_sources != train_corpus.num_sources:
+        raise MsgcoreError(f"the validation data has {valid_corpus.num_sources} sources but the training data "
+                           f"{train_corpus.num_sources}")
+    for what, corpus in (("training", train_corpus), ("validation", valid_corpus)):
+        if not len(corpus):
+            files = " ".join(args.train_files if what == "training" else args.valid_files or [])
+            raise MsgcoreError(f"the {what} data is empty{' (' + files + ')' if files else ''}")
+
+
+def corpus_fingerprint(corpus: Corpus) -> str:
+    """sha256 of every sentence: a resumed run must read the same training data."""
+    digest = hashlib.sha256()
+    for text in corpus.texts():
+        digest.update(text.encode("utf-8") + b"\0")
+    return digest.hexdigest()
+
+
+def run_tokenizer(args, train_corpus: Corpus, checkpoint: dict | None) -> Tokenizer:
+    """The checkpoint's tokenizer when resuming (never a retrained one), else one trained on the data."""
+    if checkpoint is not None:
+        if checkpoint.get("tokenizer") is None:
+            raise MsgcoreError(f"--resume {args.resume} holds no tokenizer; it was not written by this command")
+        return Tokenizer.from_bytes(checkpoint["tokenizer"])
+    return Tokenizer.train(train_corpus.texts(), vocab_size=args.vocab_size, model_type=args.spm_type,
+                           seed=args.seed)
+
+
+def check_same_data(args, checkpoint: dict, fingerprint: str) -> None:
+    recorded = (checkpoint.get("run_info") or {}).get("train_data")
+    if recorded and recorded != fingerprint:
+        raise MsgcoreError(f"--resume {args.resume} was trained on other training data; resume with the same "
+                           f"--dataset/--sources/--train-files, or start a new run in another --out")
+
+
+def source_limit(model, cfg: GenerationConfig) -> int:
+    """The longest source (pieces, before eos) whose output budget a * |x| + b fits the position table."""
+    positions = getattr(model.cfg, "max_positions", 1024)
+    return max(1, int((positions - cfg.max_len_b) / max(cfg.max_len_a, 1.0)) - 1)
+
+
+def truncate_sources(encoded: EncodedCorpus, limit: int, line_numbers: list[int]) -> list[int]:
+    """Cut sources longer than `limit` pieces (keeping eos); returns the line numbers that were cut."""
+    cut = set()
+    for column in encoded.sources:
+        for i, ids in enumerate(column):
+            if len(ids) - 1 > limit:
+                column[i] = ids[:limit] + ids[-1:]
+                cut.add(line_numbers[i])
+    return sorted(cut)
+
+
+# ---------------------------------------------------------------------------- train
+
 def train(args) -> None:
     """Train a Transformer; under torchrun, one data-parallel process per GPU (or CPU worker)."""
-    seed_everything(args.seed)
+    check_train_request(args)
     if distributed.launched():
         device = distributed.device_for_rank(args.device)
         distributed.init(device)
     else:
         device = resolve_device(args.device)
-    train_corpus, valid_corpus = load_split(args, "train"), load_split(args, "valid")
-    if train_corpus.num_sources != 1:
-        raise MsgcoreError(f"the Transformer takes 1 source, the data has {train_corpus.num_sources}")
-    tokenizer = Tokenizer.train(train_corpus.texts(), vocab_size=args.vocab_size, model_type=args.spm_type,
-                                seed=args.seed)
-    overrides = {} if args.dropout is None else {"dropout": args.dropout}
-    model = Transformer(preset(args.preset, vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, **overrides))
-    cfg = TrainConfig(lr=args.lr, warmup_steps=args.warmup, max_tokens=args.max_tokens, max_epochs=args.max_epochs,
-                      max_steps=args.max_steps, update_freq=args.update_freq, seed=args.seed)
-    trainer = Trainer(model, tokenizer, encode_corpus(train_corpus, tokenizer, max_len=256),
-                      encode_corpus(valid_corpus, tokenizer), valid_corpus.target, cfg, device, args.out)
-    if args.resume:
-        trainer.resume(args.resume)
+    checkpoint = load_checkpoint(args.resume) if args.resume else None
+    settle_options(args, checkpoint)
+    check_run_folder(args)
+    seed_everything(args.seed)
     main_process = distributed.is_main()
-    try:
-        trainer.train()
-    finally:
-        distributed.shutdown()
+    with run_lock(Path(args.out)) if main_process else contextlib.nullcontext():
+        trainer = build_trainer(args, device, checkpoint)
+        try:
+            trainer.train()
+        finally:
+            distributed.shutdown()
     if main_process:
-        print(f"best dev BLEU {trainer.state.best_bleu:.2f}; checkpoints in {args.out}")
+        print(run_summary(trainer, args.out))
+
+
+def build_trainer(args, device, checkpoint: dict | None) -> Trainer:
+    """Data, tokenizer, model and trainer, checked against the checkpoint when resuming."""
+    train_corpus, valid_corpus = load_split(args, "train"), load_split(args, "valid")
+    check_corpora(args, train_corpus, valid_corpus)
+    fingerprint = corpus_fingerprint(train_corpus)
+    if checkpoint is not None:
+        check_same_data(args, checkpoint, fingerprint)
+    tokenizer = run_tokenizer(args, train_corpus, checkpoint)
+    model = Transformer(preset(args.preset, vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
+                               dropout=args.dropout))
+    cfg = TrainConfig(lr=args.lr, warmup_steps=args.warmup, max_tokens=args.max_tokens, max_epochs=args.max_epochs,
+                      max_steps=args.max_steps, update_freq=args.update_freq, seed=args.seed, patience=args.patience,
+                      save_every=args.save_every, validate_every=args.validate_every)
+    valid = encode_corpus(valid_corpus, tokenizer, max_len=source_limit(model, GenerationConfig(beam_size=1)))
+    trainer = Trainer(model, tokenizer, encode_corpus(train_corpus, tokenizer, max_len=256), valid,
+                      valid_corpus.target, cfg, device, args.out)
+    trainer.run_info = {"options": run_options(args), "train_data": fingerprint}
+    if args.overwrite and distributed.is_main():
+        for name in RUN_FILES:
+            (Path(args.out) / name).unlink(missing_ok=True)
+    if checkpoint is not None:
+        resume(trainer, args)
+    return trainer
+
+
+def resume(trainer: Trainer, args) -> None:
+    """Continue from --resume; a best.pt newer than the checkpoint's record (a kill between saves) is adopted."""
+    trainer.resume(args.resume)
+    on_disk = best_on_disk(Path(args.out))
+    if on_disk and on_disk[0] > trainer.state.best_bleu:
+        trainer.state.best_bleu, trainer.state.best_step = on_disk
+    if distributed.is_main():
+        print(f"resuming {args.resume} at step {trainer.state.step} (epoch {trainer.state.epoch + 1}); "
+              f"stopping at max_epochs={args.max_epochs}, max_steps={args.max_steps or 'none'}")
+
+
+def run_summary(trainer: Trainer, out: str) -> str:
+    state = trainer.state
+    if state.best_step < 0 and state.best_bleu < 0:
+        return f"trained {state.step} steps; no validation ran; the model is in {Path(out) / 'last.pt'}"
+    at = f" (step {state.best_step})" if state.best_step >= 0 else ""
+    return f"best dev BLEU {state.best_bleu:.2f}{at}; checkpoints in {out}: best.pt to translate, last.pt to --resume"
+
+
+# ---------------------------------------------------------------------------- translate and score
+
+def takes_one_source(model) -> bool:
+    return type(model).__name__ in ONE_SOURCE_MODELS
+
+
+def read_inputs(paths: list[str]) -> list[list[str]]:
+    """The --input files, line-aligned; empty lines are kept (they get an empty translation)."""
+    columns = [read_lines(path) for path in paths]
+    check_same_length(columns, paths)
+    return columns
 
 
 def translate(args) -> None:
+    check_input_files(args.input, "--input")
+    if Path(args.checkpoint).is_dir():
+        raise MsgcoreError(f"--checkpoint {args.checkpoint} is a folder; give its best.pt")
+    check_writable_file(args.output, "--output")
     device = resolve_device(args.device)
-    model, tokenizer = load_model(args.checkpoint, device)
-    columns = read_parallel(args.input)
-    corpus = Corpus("input", "input", tuple(f"src{k}" for k in range(len(columns))), "tgt", columns,
-                    [""] * len(columns[0]))
-    encoded = encode_corpus(corpus, tokenizer)
     cfg = GenerationConfig(beam_size=args.beam, len_penalty=args.len_penalty)
+    model, tokenizer = load_model(args.checkpoint, device)
+    if takes_one_source(model) and len(args.input) != 1:
+        raise MsgcoreError(f"this checkpoint's model takes 1 source, not {len(args.input)}; give one --input file")
+    columns = read_inputs(args.input)
+    lines = [i for i in range(len(columns[0])) if any(column[i] for column in columns)]  # the non-empty lines
+    corpus = Corpus("input", "input", tuple(f"src{k}" for k in range(len(columns))), "tgt",
+                    [[column[i] for i in lines] for column in columns], [""] * len(lines))
+    encoded = encode_corpus(corpus, tokenizer)
+    limit = source_limit(model, cfg)
+    cut = truncate_sources(encoded, limit, [i + 1 for i in lines])
+    if cut:
+        shown = ", ".join(map(str, cut[:10])) + (", ..." if len(cut) > 10 else "")
+        print(f"warning: {len(cut)} input line(s) exceed what the model's {model.cfg.max_positions} positions allow "
+              f"(line {shown}); translating their first {limit} pieces", file=sys.stderr)
     hyps = translate_encoded(model, tokenizer, encoded, device, cfg)
+    outputs = [""] * len(columns[0])
+    for i, hyp in zip(lines, hyps):
+        outputs[i] = hyp
     with atomic_write(args.output) as f:
-        f.writelines(h + "\n" for h in hyps)
-    print(f"wrote {len(hyps)} translations to {args.output}")
+        f.writelines(h + "\n" for h in outputs)
+    print(f"wrote {len(outputs)} translations to {args.output}")
 
 
 def score(args) -> None:
+    check_input_files([args.hyp], "--hyp")
+    check_input_files([args.ref], "--ref")
     hyps, refs = read_lines(args.hyp), read_lines(args.ref)  # an empty hypothesis line is a legal output
     check_same_length([hyps, refs], [args.hyp, args.ref])
+    if not refs:
+        raise MsgcoreError(f"--hyp {args.hyp} and --ref {args.ref} are both empty; there is nothing to score")
     for result in score_all(hyps, refs, args.metrics, n_bootstrap=args.bootstrap).values():
         print(f"{result}\t{result.signature}")
 
 
+# ---------------------------------------------------------------------------- parser
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m msgcore", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m msgcore", description=__doc__.splitlines()[0],
+                           formatter_class=HelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    t = commands.add_parser("train", help="train a Transformer")
-    t.add_argument("--dataset", choices=["multi30k", "ape", "mlqe-pe", "synthetic"], default="multi30k")
-    t.add_argument("--sources", nargs="+", default=["de"], help="source language(s)")
-    t.add_argument("--target", default="en")
-    t.add_argument("--train-files", nargs="+", help="SRC... TGT plain-text files instead of --dataset")
-    t.add_argument("--valid-files", nargs="+", help="SRC... TGT validation files (with --train-files)")
-    t.add_argument("--preset", choices=sorted(PRESETS), default="small")
-    t.add_argument("--vocab-size", type=int, default=8000)
-    t.add_argument("--dropout", type=float, help="dropout (default: the preset's)")
-    t.add_argument("--spm-type", choices=["unigram", "bpe"], default="unigram")
-    t.add_argument("--lr", type=float, default=5e-4)
-    t.add_argument("--warmup", type=int, default=1000)
-    t.add_argument("--max-tokens", type=int, default=4096)
-    t.add_argument("--update-freq", type=int, default=1)
-    t.add_argument("--max-epochs", type=int, default=10)
-    t.add_argument("--max-steps", type=int, default=0)
-    t.add_argument("--resume", help="checkpoint to continue from")
-    t.add_argument("--out", required=True, help="output folder for checkpoints and log.json")
-    x = commands.add_parser("translate", help="translate a file (one sentence a line)")
-    x.add_argument("--checkpoint", required=True)
-    x.add_argument("--input", nargs="+", required=True, help="one file per source")
-    x.add_argument("--output", required=True)
-    x.add_argument("--beam", type=int, default=5)
-    x.add_argument("--len-penalty", type=float, default=1.0)
-    s = commands.add_parser("score", help="BLEU/chrF/TER of a hypothesis file against a reference file")
-    s.add_argument("--hyp", required=True)
-    s.add_argument("--ref", required=True)
-    s.add_argument("--metrics", nargs="+", choices=["bleu", "chrf", "ter"], default=["bleu", "chrf", "ter"])
-    s.add_argument("--bootstrap", type=int, default=0, help="bootstrap samples for a 95%% CI (0 = none)")
-    for sub in (t, x):
-        sub.add_argument("--device", default="auto")
-    t.add_argument("--seed", type=int, default=0)
+    add_train_options(commands.add_parser(
+        "train", help="train a Transformer", formatter_class=HelpFormatter,
+        description="Train a Transformer. Left-out training options take chapter 0's recipe for the preset "
+                    f"(msgcore.experiments.cli_recipe; preset -> scale: {CLI_RECIPE_SCALES}). Writes OUT/best.pt "
+                    "(best dev BLEU: give it to translate), OUT/last.pt (for --resume) and OUT/log.json."))
+    add_translate_options(commands.add_parser(
+        "translate", help="translate a file (one sentence a line)", formatter_class=HelpFormatter,
+        description="Translate one sentence a line; an empty line gets an empty translation. Use the run's "
+                    "best.pt (the checkpoint with the best dev BLEU); last.pt is the latest state, for --resume."))
+    s = commands.add_parser("score", help="BLEU/chrF/TER of a hypothesis file against a reference file",
+                            formatter_class=HelpFormatter)
+    s.add_argument("--hyp", required=True, help="hypotheses, one a line")
+    s.add_argument("--ref", required=True, help="references, line-aligned with --hyp")
+    s.add_argument("--metrics", nargs="+", choices=["bleu", "chrf", "ter"], default=["bleu", "chrf", "ter"],
+                   help="metrics to print")
+    s.add_argument("--bootstrap", type=whole(0, 100_000), default=0, help="bootstrap samples for a 95%% CI (0 = none)")
     return parser
 
 
+def add_train_options(t: argparse.ArgumentParser) -> None:
+    t.add_argument("--dataset", choices=["multi30k", "ape", "mlqe-pe", "synthetic"], default="multi30k",
+                   help="data set to train on (ignored with --train-files)")
+    t.add_argument("--sources", nargs="+", default=["de"], help="source language(s)")
+    t.add_argument("--target", default="en", help="target language")
+    t.add_argument("--train-files", nargs="+", help="SRC... TGT plain-text files instead of --dataset")
+    t.add_argument("--valid-files", nargs="+", help="SRC... TGT validation files (with --train-files)")
+    t.add_argument("--skip-empty", action="store_true", help="drop examples with an empty line instead of refusing")
+    t.add_argument("--preset", choices=sorted(PRESETS),
+                   help=f"model size (default: {DEFAULT_PRESET}; on --resume, the checkpoint's)")
+    t.add_argument("--vocab-size", type=whole(16, 1_000_000), help=recipe_help("vocab_size", "sentencepiece pieces"))
+    t.add_argument("--spm-type", choices=["unigram", "bpe"],
+                   help=f"sentencepiece model (default: {DEFAULT_SPM}; on --resume, the checkpoint's)")
+    t.add_argument("--dropout", type=real(0, 1, high_open=True), help=recipe_help("dropout", "dropout"))
+    t.add_argument("--lr", type=real(0, 1, low_open=True), help=recipe_help("lr", "peak learning rate"))
+    t.add_argument("--warmup", type=whole(1), help=recipe_help("warmup", "warmup updates (then inverse sqrt decay)"))
+    t.add_argument("--max-tokens", type=whole(1), help=recipe_help("max_tokens", "tokens per batch"))
+    t.add_argument("--update-freq", type=whole(1), help="batches per update (gradient accumulation; default: 1; "
+                                                         "on --resume, the checkpoint's)")
+    t.add_argument("--max-epochs", type=whole(1), help=recipe_help("max_epochs", "stop after this many epochs"))
+    t.add_argument("--max-steps", type=whole(0), default=0, help="stop after this many updates (0 = no limit); "
+                                                                 "the last update is validated")
+    t.add_argument("--patience", type=whole(0), help=recipe_help("patience", "stop after this many validations "
+                                                                              "without a better dev BLEU (0 = never)"))
+    t.add_argument("--validate-every", type=whole(0), default=0,
+                   help="validate (dev loss and BLEU, best.pt) every N updates (0 = at the end of each epoch)")
+    t.add_argument("--save-every", type=whole(0), default=0,
+                   help="also write last.pt every N updates, so a kill loses at most N (0 = at validations only)")
+    t.add_argument("--resume", help="checkpoint to continue from (OUT/last.pt); left-out options take its values")
+    t.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
+    t.add_argument("--out", required=True, help="output folder for best.pt, last.pt and log.json")
+    t.add_argument("--device", type=device_option, default="auto", help="auto (a GPU when visible), cpu, cuda:N")
+    t.add_argument("--seed", type=whole(0), help=f"random seed (default: {DEFAULT_SEED}; on --resume, the checkpoint's)")
+
+
+def add_translate_options(x: argparse.ArgumentParser) -> None:
+    x.add_argument("--checkpoint", required=True, help="a training run's best.pt")
+    x.add_argument("--input", nargs="+", required=True, help="one file per source")
+    x.add_argument("--output", required=True, help="where to write the translations (written whole, or not at all)")
+    x.add_argument("--beam", type=whole(1, 256), default=5, help="beam size (1 = greedy)")
+    x.add_argument("--len-penalty", type=real(0, 10), default=1.0, help="alpha in score / length^alpha")
+    x.add_argument("--device", type=device_option, default="auto", help="auto (a GPU when visible), cpu, cuda:N")
+
+
+# ---------------------------------------------------------------------------- entry point
+
+def cli_wording(message: str) -> str:
+    """A library message with its Python hints replaced by the command line's options."""
+    for python_hint, cli_hint in CLI_WORDING.items():
+        message = message.replace(python_hint, cli_hint)
+    return message
+
+
+def interrupted(args) -> str:
+    last = Path(args.out) / "last.pt" if args.command == "train" else None
+    if last is not None and last.is_file():
+        return f"interrupted; resume with --resume {last}"
+    return "interrupted; nothing was written" if last is None else "interrupted before the first checkpoint"
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "train" and bool(args.train_files) != bool(args.valid_files):
-        print("error: --train-files and --valid-files go together", file=sys.stderr)
-        return 2
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # --help (0) or a usage error (2, already printed)
+        return exit_.code if isinstance(exit_.code, int) else 2
     try:
         {"train": train, "translate": translate, "score": score}[args.command](args)
     except MsgcoreError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {cli_wording(str(error))}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(interrupted(args), file=sys.stderr)
+        return 130
     return 0
 
 

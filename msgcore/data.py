@@ -118,6 +118,7 @@ class Corpus:
 
 def decode_lines(data: bytes, name: str) -> list[str]:
     """Split raw bytes into stripped lines; invalid UTF-8 raises a DataError naming `name` and the line."""
+    data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark is not part of the first line
     chunks = data.split(b"\n")
     if chunks and chunks[-1] == b"":
         chunks.pop()  # the newline that ends the last line
@@ -134,6 +135,8 @@ def decode_lines(data: bytes, name: str) -> list[str]:
 def read_lines(path: PathLike) -> list[str]:
     """The stripped lines of a text file (gzip-compressed when it ends in .gz)."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{path} is a folder, not a text file")
     if not path.is_file():
         raise DataError(f"missing data file {path}; fetch the data with `python data_scripts/download.py` "
                         f"or set MSGCORE_DATA_MIRROR=/path/to/mirror")
@@ -152,33 +155,39 @@ def check_same_length(columns: Sequence[Sequence[str]], names: Sequence[str]) ->
                             f"the files of a parallel corpus must be line-aligned")
 
 
-def empty_rows(columns: Sequence[Sequence[str]], names: Sequence[str], *, skip_empty: bool) -> set[int]:
-    """Indices of rows where any column is empty; refused with a DataError unless `skip_empty`."""
+SKIP_EMPTY_HINT = "pass skip_empty=True to drop such examples"
+
+
+def empty_rows(columns: Sequence[Sequence[str]], names: Sequence[str], *, skip_empty: bool,
+               hint: str = SKIP_EMPTY_HINT) -> set[int]:
+    """Indices of rows where any column is empty; refused with a DataError (ending in `hint`) unless `skip_empty`."""
     rows = set()
     for name, column in zip(names, columns):
         for i, line in enumerate(column):
             if not line:
                 if not skip_empty:
-                    raise DataError(f"{name} line {i + 1} is empty or only whitespace; "
-                                    f"pass skip_empty=True to drop such examples")
+                    raise DataError(f"{name} line {i + 1} is empty or only whitespace; {hint}")
                 rows.add(i)
     return rows
 
 
-def align_columns(columns: list[list[str]], names: Sequence[str], *,
-                  skip_empty: bool = False) -> tuple[list[list[str]], int]:
+def align_columns(columns: list[list[str]], names: Sequence[str], *, skip_empty: bool = False,
+                  hint: str = SKIP_EMPTY_HINT) -> tuple[list[list[str]], int]:
     """Check that columns are aligned and non-empty; return (columns, number of dropped examples)."""
     check_same_length(columns, names)
-    dropped = empty_rows(columns, names, skip_empty=skip_empty)
+    dropped = empty_rows(columns, names, skip_empty=skip_empty, hint=hint)
     if dropped:
         columns = [[line for i, line in enumerate(column) if i not in dropped] for column in columns]
     return columns, len(dropped)
 
 
-def read_parallel(paths: Sequence[PathLike], *, skip_empty: bool = False) -> list[list[str]]:
-    """Read line-aligned files into one column of sentences per file (validated, see `align_columns`)."""
+def read_parallel(paths: Sequence[PathLike], *, skip_empty: bool = False,
+                  hint: str = SKIP_EMPTY_HINT) -> list[list[str]]:
+    """Read line-aligned files into one column of sentences per file (validated, see `align_columns`).
+
+    `hint` ends the error about an empty line (a command line names its own option there)."""
     columns, _ = align_columns([read_lines(path) for path in paths], [str(path) for path in paths],
-                               skip_empty=skip_empty)
+                               skip_empty=skip_empty, hint=hint)
     return columns
 
 

@@ -19,12 +19,13 @@ import http.client
 import logging
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import BinaryIO
 
-from msgcore.utils import DataError, atomic_write
+from msgcore.utils import DataError, MsgcoreError, atomic_write, check_writable_dir
 
 logger = logging.getLogger(__name__)
 
@@ -132,9 +133,38 @@ def ensure(dataset: str, cache: str | os.PathLike | None = None,
         raise DataError(f"unknown dataset {dataset!r}; known datasets: {', '.join(DATASETS)}")
     cache = Path(cache) if cache is not None else cache_dir()
     mirror = Path(mirror) if mirror is not None else mirror_dir()
+    if cache.exists() and not cache.is_dir():
+        raise DataError(f"the data cache {cache} is a file, not a folder; set MSGCORE_DATA to a folder")
+    remove_stale_temporaries(cache / dataset)
     for relpath, url in MANIFEST[dataset]:
         _ensure_file(relpath, url, cache, mirror)
     return cache / dataset
+
+
+STALE_TMP_S = 600  # a temporary file untouched this long was left by a killed download (live ones grow)
+
+
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Delete the hidden `.NAME.*.tmp` files that killed downloads or copies left in `folder`; returns them.
+
+    Only files unmodified for STALE_TMP_S seconds go: a download running beside us keeps writing its own."""
+    now = time.time()
+    candidates = sorted(folder.rglob(".*.tmp")) if folder.is_dir() else []
+    stale = [path for path in candidates if now - path.stat().st_mtime > STALE_TMP_S]
+    for path in stale:
+        try:
+            path.unlink()
+        except OSError:
+            pass  # another process may be writing it right now, or the cache is read-only
+    return stale
+
+
+def check_cache_writable(cache: Path, relpath: str) -> None:
+    """Before fetching `relpath`: the cache must be a folder we may write (one line naming MSGCORE_DATA)."""
+    try:
+        check_writable_dir(cache / relpath.split("/")[0], "the data cache folder")
+    except MsgcoreError as error:
+        raise DataError(f"cannot fetch {relpath}: {error}; set MSGCORE_DATA to a writable folder") from None
 
 
 def _ensure_file(relpath: str, url: str, cache: Path, mirror: Path | None) -> None:
@@ -145,6 +175,7 @@ def _ensure_file(relpath: str, url: str, cache: Path, mirror: Path | None) -> No
         if sha256_of(target) == expected:
             return
         logger.warning("%s in the cache has the wrong sha256; fetching it again", relpath)
+    check_cache_writable(cache, relpath)
     if mirror is not None and (mirror / relpath).is_file():
         logger.info("copying %s from %s", relpath, mirror)
         with open(mirror / relpath, "rb") as source:

@@ -29,6 +29,15 @@ class GenerationConfig:
     len_penalty: float = 1.0  # alpha in score / |y|^alpha
     no_repeat_ngram: int = 0  # forbid repeating any n-gram of this size (0 = off)
 
+    def __post_init__(self) -> None:
+        """Refuse settings that would decode garbage or crash, with one line naming the field."""
+        checks = {"beam_size": self.beam_size >= 1, "max_len_a": math.isfinite(self.max_len_a) and self.max_len_a >= 0,
+                  "max_len_b": self.max_len_b >= 0, "min_len": self.min_len >= 0,
+                  "len_penalty": math.isfinite(self.len_penalty), "no_repeat_ngram": self.no_repeat_ngram >= 0}
+        for name, ok in checks.items():
+            if not ok:
+                raise MsgcoreError(f"GenerationConfig.{name} = {getattr(self, name)!r} is out of range")
+
 
 def max_lengths(source_masks: list[Tensor], cfg: GenerationConfig) -> Tensor:
     """(B,) longest allowed output, counting </s>: a * max_k |x_k| + b."""

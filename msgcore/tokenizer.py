@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -20,6 +21,8 @@ import sentencepiece as spm
 
 from msgcore import download
 from msgcore.utils import DataError, atomic_write
+
+logger = logging.getLogger(__name__)
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID, MASK_ID = 0, 1, 2, 3, 4
 MASK_PIECE = "<mask>"
@@ -73,7 +76,10 @@ class Tokenizer:
             except DataError:
                 pass  # a corrupt cache entry: train again and overwrite it
         tokenizer = cls.from_bytes(_train_sentencepiece(texts, vocab_size, model_type, langs, tuple(symbols), seed))
-        tokenizer.save(cache_file)
+        try:
+            tokenizer.save(cache_file)
+        except OSError as error:  # a read-only cache or a file in its place: the cache is only a shortcut
+            logger.warning("tokenizer not cached in %s (%s)", cache_file.parent, error)
         return tokenizer
 
     @classmethod

@@ -16,6 +16,7 @@ multi-process run re-seeds each process's dropout stream (only a single-process 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import random
@@ -35,7 +36,7 @@ from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batc
 from msgcore.generation import GenerationConfig
 from msgcore.metrics import corpus_score
 from msgcore.tokenizer import Tokenizer
-from msgcore.utils import CheckpointError, TrainingError, atomic_write
+from msgcore.utils import CheckpointError, MsgcoreError, TrainingError, atomic_write
 
 CHECKPOINT_KEYS = ("model", "model_class", "model_config", "optimizer", "scheduler", "rng", "state",
                    "train_config")
@@ -55,6 +56,7 @@ class TrainConfig:
     max_epochs: int = 10  # stop after this many epochs
     max_steps: int = 0  # stop after this many optimizer steps (0 = no limit)
     validate_every: int = 0  # validate every N steps (0 = at the end of each epoch)
+    save_every: int = 0  # also write last.pt every N steps (0 = only after validations and at the end)
     patience: int = 5  # early stopping: validations without a dev BLEU improvement
     valid_beam: int = 1  # beam size for dev BLEU (1 = greedy, fast)
     valid_max_sentences: int = 0  # score dev BLEU on the first N sentences (0 = all)
@@ -70,6 +72,7 @@ class TrainState:
     epoch: int = 0  # current epoch (0-based)
     batch_in_epoch: int = 0  # batches of the current epoch already consumed
     best_bleu: float = -1.0  # best dev BLEU so far
+    best_step: int = -1  # the step best.pt was saved at (-1 = none yet)
     bad_validations: int = 0  # validations since the best one
     history: list = field(default_factory=list)  # log rows: {"kind": "train"|"valid", ...}
 
@@ -104,6 +107,28 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def write_checkpoint(checkpoint: dict, path: Path) -> None:
+    """torch.save through atomic_write; a full disk or an I/O error becomes one CheckpointError line."""
+    try:
+        with atomic_write(path, "wb") as f:
+            torch.save(checkpoint, f)
+    except (OSError, RuntimeError) as error:
+        full = getattr(error, "errno", None) == errno.ENOSPC or "enforce fail" in str(error) \
+            or "No space left" in str(error)
+        reason = "no space left on device" if full else f"cannot write ({type(error).__name__}: " \
+                                                          f"{str(error).splitlines()[0] if str(error) else ''})"
+        raise CheckpointError(f"{reason} while writing {path}; the previous checkpoint is intact") from None
+
+
+def best_on_disk(out_dir: Path) -> tuple[float, int] | None:
+    """(best_bleu, step) recorded in out_dir/best.pt, or None when there is no readable best.pt."""
+    try:
+        state = load_checkpoint(out_dir / "best.pt")["state"]
+    except CheckpointError:
+        return None
+    return state["best_bleu"], state["step"]
 
 
 def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
@@ -146,6 +171,7 @@ class Trainer:
                                            weight_decay=cfg.weight_decay, fused=device.type == "cuda")
         self.scheduler = LambdaLR(self.optimizer, lr_schedule(cfg.schedule, cfg.warmup_steps))
         self.state = TrainState()
+        self.run_info: dict = {}  # what the caller wants kept with each checkpoint (the CLI: its options, data hash)
         self.amp_dtype = self.resolve_amp(cfg.amp, device)
         self.world, self.rank = distributed.world_size(), distributed.rank()
         self.ddp = None  # the DistributedDataParallel wrapper, when several processes train together
@@ -208,9 +234,17 @@ class Trainer:
             torch.manual_seed(self.cfg.seed + self.rank)  # each process its own dropout stream
         while not self.done():
             self.run_epoch()
+        if self.validated_steps() and self.validated_steps()[-1] != self.state.step:
+            self.validate()  # stopped by max_steps between validations: best.pt must not be from an earlier step
         self.save_checkpoint(self.out_dir / "last.pt")
         self.save_log()
         return self.state.history
+
+    def validated_steps(self) -> list[int]:
+        """The steps at which validation ran, in order (empty when no validation data)."""
+        if self.valid_data is None:
+            return []
+        return [row["step"] for row in self.state.history if row["kind"] == "valid"] or [-1]
 
     def run_epoch(self) -> None:
         state, cfg = self.state, self.cfg
@@ -228,6 +262,9 @@ class Trainer:
             self.log_train(window, loss, tokens)
             if cfg.validate_every and state.step % cfg.validate_every == 0:
                 self.validate()
+            elif cfg.save_every and state.step % cfg.save_every == 0:
+                self.save_checkpoint(self.out_dir / "last.pt")
+                self.save_log()
         bar.close()
         if state.batch_in_epoch + self.world > len(batches):
             state.epoch, state.batch_in_epoch = state.epoch + 1, 0
@@ -279,9 +316,10 @@ class Trainer:
         improved = bleu > state.best_bleu
         state.best_bleu, state.bad_validations = (bleu, 0) if improved else (state.best_bleu,
                                                                              state.bad_validations + 1)
-        self.save_checkpoint(self.out_dir / "last.pt")
-        if improved:
+        if improved:  # best.pt first: a kill between the two saves never leaves last.pt ahead of best.pt
+            state.best_step = state.step
             self.save_checkpoint(self.out_dir / "best.pt")
+        self.save_checkpoint(self.out_dir / "last.pt")
         self.save_log()
 
     def save_log(self) -> None:
@@ -301,9 +339,9 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "state": asdict(self.state),
             "train_config": asdict(self.cfg),
             "tokenizer": self.tokenizer.to_bytes() if self.tokenizer is not None else None,
+            "run_info": self.run_info,
         }
-        with atomic_write(path, "wb") as f:
-            torch.save(checkpoint, f)
+        write_checkpoint(checkpoint, Path(path))
 
     def resume(self, path: str | Path) -> None:
         """Restore model, optimizer, scheduler, RNG and data position from `path`."""
@@ -347,7 +385,27 @@ def load_model(path, device: torch.device | str = "cpu"):
     checkpoint = load_checkpoint(path)
     if checkpoint["model_class"] not in MODELS or checkpoint.get("tokenizer") is None:
         raise CheckpointError(f"{path}: cannot rebuild a {checkpoint['model_class']} (unknown class or no tokenizer)")
-    model_class = MODELS[checkpoint["model_class"]]
-    model = model_class(model_class.config_class(**checkpoint["model_config"]))
-    model.load_state_dict(checkpoint["model"])
-    return model.to(device).eval(), Tokenizer.from_bytes(checkpoint["tokenizer"])
+    model = build_model(MODELS[checkpoint["model_class"]], checkpoint, path)
+    try:
+        tokenizer = Tokenizer.from_bytes(checkpoint["tokenizer"])
+    except MsgcoreError as error:
+        raise CheckpointError(f"{path}: its tokenizer is unreadable ({error})") from None
+    if tokenizer.vocab_size != model.cfg.vocab_size:
+        raise CheckpointError(f"{path}: its tokenizer has {tokenizer.vocab_size} pieces but the model's embedding "
+                              f"has {model.cfg.vocab_size}; the checkpoint mixes two runs")
+    return model.to(device).eval(), tokenizer
+
+
+def build_model(model_class, checkpoint: dict, path) -> nn.Module:
+    """The checkpoint's model with its weights; a config or weights that do not fit raise CheckpointError."""
+    try:
+        model = model_class(model_class.config_class(**checkpoint["model_config"]))
+    except (TypeError, ValueError, MsgcoreError) as error:
+        raise CheckpointError(f"{path}: its model_config does not build a {checkpoint['model_class']} "
+                              f"({str(error).splitlines()[0]})") from None
+    try:
+        model.load_state_dict(checkpoint["model"])
+    except (RuntimeError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{path}: the weights do not fit its model_config "
+                              f"({str(error).splitlines()[0]})") from None
+    return model

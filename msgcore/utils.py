@@ -56,6 +56,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **kwargs):
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; an output file gets the usual mode
     try:
         with open(tmp, mode, **kwargs) as f:
             yield f
@@ -66,6 +67,49 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **kwargs):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def current_umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def may_write(path: Path) -> bool:
+    """True when `path` may be written: the OS allows it and its mode has a write bit (root included)."""
+    return os.access(path, os.W_OK) and bool(path.stat().st_mode & 0o222)
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path` itself, or its closest ancestor that exists."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_writable_dir(path: str | os.PathLike, what: str) -> None:
+    """Refuse a folder that is a file, is read-only, or cannot be created (one line naming `what`)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise MsgcoreError(f"{what} {path} is a file, not a folder")
+    existing = nearest_existing(path)
+    if not existing.is_dir():
+        raise MsgcoreError(f"{what} {path} cannot be created: {existing} is a file, not a folder")
+    if not may_write(existing):
+        raise MsgcoreError(f"{what} {path} is read-only" if existing == path.absolute()
+                           else f"{what} {path} cannot be created: {existing} is read-only")
+
+
+def check_writable_file(path: str | os.PathLike, what: str) -> None:
+    """Refuse an output file path that is a folder, read-only, or in a folder that cannot be written."""
+    path = Path(path)
+    if path.is_dir():
+        raise MsgcoreError(f"{what} {path} is a folder; give a file name")
+    if path.exists() and not may_write(path):
+        raise MsgcoreError(f"{what} {path} is read-only")
+    check_writable_dir(path.parent if str(path.parent) else Path("."), f"the folder of {what}")
 
 
 def git_commit(default: str = "unknown") -> str:
