@@ -2,6 +2,7 @@
 
     python -m msgcore.book run [--scale smoke|small|full] [--chapter NAME ...] [--in-place]
                                [--out DIR] [--build] [--device auto] [--seed 0] [--timeout SECONDS]
+    python -m msgcore.book main    # README's main command (see `main_job`)
 
 Chapters are the notebooks listed in ``_toc.yml`` (every ``file:`` entry whose ``.ipynb`` exists), in
 TOC order. Each is executed by papermill, which injects ``scale``, ``device`` and ``seed`` in a cell
@@ -12,7 +13,8 @@ The book sources (``_config.yml``, ``_toc.yml``, the folders holding the TOC's p
 copied into a run directory (default ``runs/<scale>-<YYYYmmdd-HHMMSS>``) and the chapters are executed
 there, with the notebook's folder as working directory. The committed notebooks are left untouched,
 except with ``--in-place`` (small and full scales only): then each chapter that ran without error
-replaces its committed notebook atomically. The run stops at the first failing chapter, prints a
+replaces its committed notebook atomically, without papermill's injected-parameters cell (which would
+override a reader's parameters cell; the values stay in the notebook's papermill metadata and provenance cell). The run stops at the first failing chapter, prints a
 summary table and exits with status 1. ``--build`` then runs ``jupyter-book build <run dir> -W``.
 """
 from __future__ import annotations
@@ -158,6 +160,25 @@ def hide_parameter_cells(path: Path) -> None:
         nbformat.write(nb, f)
 
 
+def strip_injected_parameters(path: Path) -> int:
+    """Remove papermill's `injected-parameters` cells from a notebook; returns how many were removed.
+
+    A committed notebook must not keep one: it sits right after the `parameters` cell and would override
+    what a reader sets there (e.g. `scale = "full"` on Colab). The run's parameters stay in the notebook's
+    `metadata.papermill.parameters` and in its provenance cell. The file is rewritten (atomically) only if a
+    cell was removed."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    kept = [cell for cell in nb.cells if "injected-parameters" not in cell.metadata.get("tags", [])]
+    removed = len(nb.cells) - len(kept)
+    if removed:
+        nb.cells = kept
+        with atomic_write(path, "w", encoding="utf-8") as f:
+            nbformat.write(nb, f)
+    return removed
+
+
 def _one_line(text: str, limit: int = 200) -> str:
     lines = str(text).strip().splitlines()
     line = lines[0] if lines else ""
@@ -198,19 +219,30 @@ def run_chapters(root: Path, run_dir: Path, chapters: dict[str, Path], scale: st
                  device: str, seed: int, timeout: float | None) -> list[ChapterResult]:
     """Execute the chapters in order; stop at the first failure (the rest are "not run")."""
     results: list[ChapterResult] = []
+    start = time.perf_counter()
     for name, src in chapters.items():
         dst = run_dir / src.relative_to(root)
-        print(f"[{scale}] {name} ...", flush=True)
+        print(progress_line(results, len(chapters), name, scale, time.perf_counter() - start), flush=True)
         result = execute_chapter(src, dst, scale, device, seed, timeout)
         results.append(result)
         if result.status != "ok":
             print(f"FAILED {name}: {result.error}\n  the executed notebook, with the error: {dst}", flush=True)
             break
         if in_place:
+            strip_injected_parameters(dst)  # the reader's parameters cell must win in the committed notebook
             publish(dst, src)
             print(f"  replaced {src}", flush=True)
     results += [ChapterResult(name, scale, "not run") for name in list(chapters)[len(results):]]
     return results
+
+
+def progress_line(done: Sequence[ChapterResult], total: int, name: str, scale: str, elapsed_s: float) -> str:
+    """'[2/5] ch01_trice at small: 12.3 min elapsed, about 37 min left' (the mean chapter so far, times those left)."""
+    left = total - len(done)
+    minutes = [r.minutes for r in done if r.minutes is not None]
+    estimate = (f"about {sum(minutes) / len(minutes) * left:.0f} min left" if minutes
+                else "estimate after the first chapter")
+    return f"[{len(done) + 1}/{total}] {name} at {scale}: {elapsed_s / 60:.1f} min elapsed, {estimate}"
 
 
 def format_summary(results: Sequence[ChapterResult]) -> str:
@@ -268,6 +300,48 @@ def run_book(root: Path = REPO_ROOT, chapters: Sequence[str] | None = None, scal
     return report
 
 
+LIVE_CHECK_CHAPTER = "ch00_transformer_baseline"  # re-executed at `small` by the main command on a CPU
+
+
+def gpu_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def build_committed_book(root: Path, out: Path | None = None) -> Path:
+    """The HTML book of the committed outputs (the real runs): built in a copy, runs/committed-<time>."""
+    run_dir = make_run_dir(root, "committed", out)
+    print(f"building the book from the committed notebooks in {run_dir}", flush=True)
+    return build_book(run_dir)
+
+
+def reproduce_hint(chapters: Sequence[str]) -> str:
+    return ("to reproduce any chapter at any scale: python -m msgcore.book run --scale smoke|small|full "
+            f"--chapter NAME [--build]  (chapters: {', '.join(chapters)})")
+
+
+def main_job(root: Path = REPO_ROOT, *, device: str = "auto", seed: int = 0, timeout: float | None = None,
+             gpu: bool | None = None) -> int:
+    """README's main command. With a GPU: every chapter at `full`, then the book from that run. Without one:
+    the book from the committed outputs, then chapter 0 re-executed at `small` into a run directory as a live
+    check. Prints where both are and how to reproduce any chapter; returns the exit status."""
+    root = Path(root).resolve()
+    chapters = find_chapters(root)
+    if gpu_visible() if gpu is None else gpu:
+        report = run_book(root, None, "full", device=device, seed=seed, timeout=timeout, build=True)
+        print(reproduce_hint(list(chapters)), flush=True)
+        return 0 if report.ok else 1
+    html = build_committed_book(root)
+    live = LIVE_CHECK_CHAPTER if LIVE_CHECK_CHAPTER in chapters else next(iter(chapters))
+    print(f"no GPU: re-executing {live} at small scale as a live check", flush=True)
+    report = run_book(root, [live], "small", device=device, seed=seed, timeout=timeout)
+    print(f"\nthe book (committed outputs of the real runs): {html}\n"
+          f"live check ({live} at small, {'ok' if report.ok else 'FAILED'}): {report.run_dir}\n"
+          f"{reproduce_hint(list(chapters))}", flush=True)
+    return 0 if report.ok else 1
+
+
 def default_root() -> Path:
     """The current directory when it holds a _toc.yml, else the checkout this module lives in."""
     return Path.cwd() if (Path.cwd() / "_toc.yml").is_file() else REPO_ROOT
@@ -286,6 +360,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     run.add_argument("--seed", type=int, default=0, help="passed to the notebooks (default: 0)")
     run.add_argument("--timeout", type=float, metavar="SECONDS", help="per-cell time limit (default: none)")
     run.add_argument("--root", type=Path, default=None, metavar="DIR", help="book root (default: . if it has _toc.yml)")
+    job = commands.add_parser("main", help="README's main command: with a GPU every chapter at full and the book; "
+                                           "without one the book of the committed outputs and chapter 0 at small")
+    job.add_argument("--device", default="auto", help="passed to the notebooks (default: auto)")
+    job.add_argument("--seed", type=int, default=0, help="passed to the notebooks (default: 0)")
+    job.add_argument("--timeout", type=float, metavar="SECONDS", help="per-cell time limit (default: none)")
+    job.add_argument("--root", type=Path, default=None, metavar="DIR", help="book root (default: . if it has _toc.yml)")
     return parser.parse_args(argv)
 
 
@@ -293,6 +373,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns 0 on success, 1 on a failed chapter or build, 2 on a bad request."""
     args = parse_args(argv)
     try:
+        if args.command == "main":
+            return main_job(args.root or default_root(), device=args.device, seed=args.seed, timeout=args.timeout)
         report = run_book(args.root or default_root(), args.chapter, args.scale, out=args.out,
                           in_place=args.in_place, device=args.device, seed=args.seed,
                           timeout=args.timeout, build=args.build)

@@ -114,6 +114,9 @@ def test_in_place_replaces_the_committed_notebook(tiny_book: Path) -> None:
     assert report.ok
     assert "42" in outputs_text(committed)
     assert committed.read_bytes() == (report.run_dir / "book" / "ch_b.ipynb").read_bytes()
+    tags = [c.metadata.get("tags", []) for c in nbformat.read(committed, as_version=4).cells]
+    assert not any("injected-parameters" in t for t in tags)  # the reader's parameters cell wins
+    assert nbformat.read(committed, as_version=4).metadata.papermill.parameters["seed"] == 41
 
 
 def test_failing_cell_stops_the_run_and_keeps_the_committed_notebook(
@@ -130,3 +133,88 @@ def test_failing_cell_stops_the_run_and_keeps_the_committed_notebook(
     out = capsys.readouterr().out
     summary = out[out.index("chapter "):]
     assert "ch_a" in summary and "FAILED" in summary and "not run" in summary
+
+
+def test_strip_injected_parameters_removes_only_that_cell(tiny_book: Path) -> None:
+    path = tiny_book / "book" / "ch_a.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.insert(2, new_code_cell('scale = "small"', metadata={"tags": ["injected-parameters", "remove-cell"]}))
+    nbformat.write(nb, path)
+    assert book.strip_injected_parameters(path) == 1
+    cells = nbformat.read(path, as_version=4).cells
+    assert len(cells) == 3 and cells[1].metadata.tags == ["parameters", "remove-cell"]
+    before = path.read_bytes()
+    assert book.strip_injected_parameters(path) == 0 and path.read_bytes() == before
+
+
+def test_no_committed_notebook_has_an_injected_parameters_cell() -> None:
+    for path in sorted((REPO_ROOT / "book").glob("*.ipynb")):
+        tags = [c.metadata.get("tags", []) for c in nbformat.read(path, as_version=4).cells]
+        assert not any("injected-parameters" in t for t in tags), path.name
+
+
+def test_progress_line_estimates_what_is_left() -> None:
+    done = [book.ChapterResult("a", "small", "ok", 10.0), book.ChapterResult("b", "small", "ok", 20.0)]
+    line = book.progress_line(done, 5, "c", "small", 30 * 60)
+    assert line == "[3/5] c at small: 30.0 min elapsed, about 45 min left"
+    assert "estimate after the first chapter" in book.progress_line([], 5, "a", "small", 0)
+
+
+def test_main_job_without_a_gpu_builds_the_committed_book_and_checks_one_chapter_live(
+        tiny_book: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    built = []
+
+    def fake_build(book_dir: Path) -> Path:
+        built.append(book_dir)
+        return book_dir / "_build" / "html" / "index.html"
+    monkeypatch.setattr(book, "build_book", fake_build)
+    monkeypatch.chdir(tiny_book)
+    assert book.main_job(tiny_book, gpu=False) == 0
+    committed_copy = built[0]
+    for name in ("ch_a", "ch_b"):  # the book is built from the committed outputs, not from an execution
+        assert (committed_copy / "book" / f"{name}.ipynb").read_bytes() == \
+            (tiny_book / "book" / f"{name}.ipynb").read_bytes()
+    assert len(built) == 1  # the live check is executed, not built
+    out = capsys.readouterr().out
+    live_dir = Path(out.split("live check (ch_a at small, ok): ")[1].split("\n")[0])
+    assert "scale=small" in outputs_text(live_dir / "book" / "ch_a.ipynb")
+    assert str(committed_copy / "_build" / "html" / "index.html") in out
+    assert "python -m msgcore.book run --scale" in out and "[1/1] ch_a at small" in out
+
+
+def test_main_job_with_a_gpu_runs_every_chapter_at_full(tiny_book: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    def fake_run_book(root, chapters=None, scale=None, **options):
+        calls.append((chapters, scale, options["build"]))
+        return book.RunReport(Path(root), [book.ChapterResult("ch_a", scale, "ok", 1.0)])
+    monkeypatch.setattr(book, "run_book", fake_run_book)
+    assert book.main_job(tiny_book, gpu=True) == 0
+    assert calls == [(None, "full", True)]
+
+
+def test_the_main_command_script_calls_the_main_job() -> None:
+    script = (REPO_ROOT / ".ci" / "main").read_text()
+    assert "-m msgcore.book main" in script
+
+
+def test_every_launch_link_and_clone_command_comes_from_repository_url() -> None:
+    import re
+
+    import yaml
+
+    config = yaml.safe_load((REPO_ROOT / "_config.yml").read_text())
+    url = config["repository"]["url"]
+    assert config["parse"]["myst_substitutions"]["repository_url"] == url  # one setting, aliased
+    assert "substitution" in config["parse"]["myst_enable_extensions"]
+    assert config["launch_buttons"]["colab_url"] and "YOUR-ACCOUNT" in url  # a placeholder a fork must set
+    raw = (REPO_ROOT / "_config.yml").read_text()
+    assert raw.count("github.com/") == 1  # written once, in repository.url
+    intro = (REPO_ROOT / "book" / "intro.md").read_text()
+    clones = re.findall(r"git clone[^\n]*", intro)
+    assert clones and all("{{ repository_url }}" in c for c in clones)
+    texts = [intro, (REPO_ROOT / "README.md").read_text()]
+    texts += [p.read_text() for p in (REPO_ROOT / "book").glob("*.ipynb")]
+    for text in texts:  # no page or notebook hard-codes a repository or a launch link
+        assert not re.findall(r"git clone\s+(?:-q\s+)?https?://", text)
+        assert "colab.research.google.com/github" not in text

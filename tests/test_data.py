@@ -201,3 +201,22 @@ def test_real_doc_level_ted_dev(tmp_path_factory):
     firsts = {i for i in range(len(corpus)) if i == 0 or corpus.doc_ids[i] != corpus.doc_ids[i - 1]}
     assert len(firsts) == 93 and all(corpus.sources[0][i] == data.NO_CONTEXT for i in firsts)
     assert all(corpus.sources[0][i] == corpus.sources[1][i - 1] for i in range(len(corpus)) if i not in firsts)
+
+
+def test_a_folder_given_as_a_file_says_so(tmp_path):
+    with pytest.raises(DataError, match="is a folder, not a text file") as error:
+        data.read_lines(tmp_path)
+    assert "download" not in str(error.value)
+
+
+def test_a_byte_order_mark_is_stripped(tmp_path):
+    path = tmp_path / "bom.txt"
+    path.write_bytes("\ufeffErste Zeile\nzweite\n".encode())
+    assert data.read_lines(path) == ["Erste Zeile", "zweite"]
+
+
+def test_the_empty_line_hint_can_name_a_command_line_option(tmp_path):
+    (tmp_path / "a").write_text("x\n\n")
+    (tmp_path / "b").write_text("y\nz\n")
+    with pytest.raises(DataError, match=r"a line 2 is empty or only whitespace; pass --skip-empty"):
+        data.read_parallel([tmp_path / "a", tmp_path / "b"], hint="pass --skip-empty")

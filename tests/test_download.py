@@ -115,3 +115,51 @@ def test_cli_reports_errors_in_one_line(toy_dataset, tmp_path, monkeypatch, caps
 def test_real_mirror_copy_verifies(tmp_path):
     folder = download.ensure("mlqe-pe-en-de", cache=tmp_path)
     assert sorted(p.name for p in folder.iterdir()) == ["en-de-dev.tar.gz", "en-de-train.tar.gz"]
+
+
+def test_stale_temporaries_of_killed_downloads_are_removed(toy_dataset, tmp_path):
+    import os
+    import time
+
+    folder = tmp_path / "cache" / "toy"
+    folder.mkdir(parents=True)
+    stale, fresh = folder / ".lines.txt.abc123.tmp", folder / ".lines.txt.def456.tmp"
+    stale.write_bytes(b"half a download")
+    fresh.write_bytes(b"a download running beside us")
+    old = time.time() - download.STALE_TMP_S - 60
+    os.utime(stale, (old, old))
+    download.ensure("toy", cache=tmp_path / "cache", mirror=make_mirror(tmp_path / "mirror", TOY_CONTENT))
+    assert not stale.exists() and fresh.exists()
+    assert (folder / "lines.txt").read_bytes() == TOY_CONTENT
+
+
+def test_a_cache_that_is_a_file_is_one_line_error(toy_dataset, tmp_path):
+    cache = tmp_path / "cache"
+    cache.write_text("not a folder")
+    with pytest.raises(DataError, match="is a file, not a folder; set MSGCORE_DATA"):
+        download.ensure("toy", cache=cache, mirror=make_mirror(tmp_path / "mirror", TOY_CONTENT))
+
+
+def test_a_read_only_cache_is_refused_before_fetching(toy_dataset, tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    cache.chmod(0o555)
+    try:
+        with pytest.raises(DataError, match="read-only; set MSGCORE_DATA to a writable folder") as error:
+            download.ensure("toy", cache=cache, mirror=make_mirror(tmp_path / "mirror", TOY_CONTENT))
+        assert "\n" not in str(error.value)
+    finally:
+        cache.chmod(0o755)
+    assert not (cache / "toy").exists()
+
+
+def test_cached_files_get_the_usual_permissions(toy_dataset, tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        folder = download.ensure("toy", cache=tmp_path / "cache", mirror=make_mirror(tmp_path / "mirror", TOY_CONTENT))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((folder / "lines.txt").stat().st_mode) == 0o644

@@ -84,3 +84,10 @@ def test_bad_training_requests(cache):
         Tokenizer.train(TEXTS, model_type="char", cache_dir=cache)
     with pytest.raises(DataError, match="no text"):
         Tokenizer.train(["", "  "], cache_dir=cache)
+
+
+def test_an_unwritable_cache_trains_without_caching(tmp_path):
+    a_file = tmp_path / "cache"
+    a_file.write_text("a file where the cache folder should be")
+    tok = Tokenizer.train(TEXTS, vocab_size=120, cache_dir=a_file)
+    assert tok.decode(tok.encode(SENTENCES[0])) == SENTENCES[0]
