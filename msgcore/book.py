@@ -20,6 +20,7 @@ summary table and exits with status 1. ``--build`` then runs ``jupyter-book buil
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -56,6 +57,7 @@ class ChapterResult:
     status: str
     minutes: float | None = None
     error: str = ""
+    reused: list[str] = field(default_factory=list)  # run-cache entries the chapter reused instead of training
 
 
 @dataclass
@@ -191,6 +193,9 @@ def execute_chapter(src: Path, dst: Path, scale: str, device: str = "auto", seed
     import papermill as pm
 
     start = time.perf_counter()
+    reuse_log = dst.with_suffix(".reused.txt")  # msgcore.runcache appends each reused entry here
+    reuse_log.unlink(missing_ok=True)
+    os.environ["MSGCORE_REUSE_LOG"] = str(reuse_log.resolve())  # the kernel inherits the runner's environment
     try:
         pm.execute_notebook(
             str(src), str(dst), parameters=dict(scale=scale, device=device, seed=seed),
@@ -201,11 +206,14 @@ def execute_chapter(src: Path, dst: Path, scale: str, device: str = "auto", seed
         error = f"cell In[{e.exec_count}] `{_one_line(e.source, 60)}`: {e.ename}: {_one_line(e.evalue)}"
     except Exception as e:  # a dead kernel, a cell timeout, an unreadable notebook
         error = f"{type(e).__name__}: {_one_line(e)}"
+    finally:
+        os.environ.pop("MSGCORE_REUSE_LOG", None)
     minutes = (time.perf_counter() - start) / 60
+    reused = reuse_log.read_text().split() if reuse_log.is_file() else []
     if error:
-        return ChapterResult(src.stem, scale, "FAILED", minutes, error)
+        return ChapterResult(src.stem, scale, "FAILED", minutes, error, reused)
     hide_parameter_cells(dst)
-    return ChapterResult(src.stem, scale, "ok", minutes)
+    return ChapterResult(src.stem, scale, "ok", minutes, reused=reused)
 
 
 def publish(executed: Path, committed: Path) -> None:
@@ -225,6 +233,8 @@ def run_chapters(root: Path, run_dir: Path, chapters: dict[str, Path], scale: st
         print(progress_line(results, len(chapters), name, scale, time.perf_counter() - start), flush=True)
         result = execute_chapter(src, dst, scale, device, seed, timeout)
         results.append(result)
+        if result.reused:
+            print(f"  reused {len(result.reused)} cached runs: {', '.join(result.reused)}", flush=True)
         if result.status != "ok":
             print(f"FAILED {name}: {result.error}\n  the executed notebook, with the error: {dst}", flush=True)
             break
@@ -248,10 +258,10 @@ def progress_line(done: Sequence[ChapterResult], total: int, name: str, scale: s
 def format_summary(results: Sequence[ChapterResult]) -> str:
     """A plain-text table: chapter, scale, status, minutes."""
     width = max([len("chapter")] + [len(r.chapter) for r in results])
-    lines = [f"{'chapter':<{width}}  {'scale':<5}  {'status':<7}  {'minutes':>7}"]
+    lines = [f"{'chapter':<{width}}  {'scale':<5}  {'status':<7}  {'minutes':>7}  {'reused runs':>11}"]
     for r in results:
         minutes = f"{r.minutes:.1f}" if r.minutes is not None else "-"
-        lines.append(f"{r.chapter:<{width}}  {r.scale:<5}  {r.status:<7}  {minutes:>7}")
+        lines.append(f"{r.chapter:<{width}}  {r.scale:<5}  {r.status:<7}  {minutes:>7}  {len(r.reused):>11}")
     return "\n".join(lines)
 
 

@@ -218,3 +218,13 @@ def test_every_launch_link_and_clone_command_comes_from_repository_url() -> None
     for text in texts:  # no page or notebook hard-codes a repository or a launch link
         assert not re.findall(r"git clone\s+(?:-q\s+)?https?://", text)
         assert "colab.research.google.com/github" not in text
+
+
+def test_the_runner_reports_the_runs_each_chapter_reused(tiny_book: Path, capsys: pytest.CaptureFixture) -> None:
+    write_notebook(tiny_book / "book" / "ch_a.ipynb",
+                   "from msgcore import runcache\nruncache.note_reused('run-abc')\nruncache.note_reused('run-def')")
+    report = book.run_book(tiny_book, ["ch_a", "ch_b"], "smoke", out=tiny_book / "runs" / "r")
+    assert [r.reused for r in report.results] == [["run-abc", "run-def"], []]
+    out = capsys.readouterr().out
+    assert "reused 2 cached runs: run-abc, run-def" in out
+    assert book.format_summary(report.results).splitlines()[1].split()[-1] == "2"
