@@ -54,7 +54,7 @@ def _feed(h, obj) -> None:
     if isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
         h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")  # reshape: 0-d too
     elif isinstance(obj, dict):
         h.update(b"D")
         for key in sorted(obj, key=str):

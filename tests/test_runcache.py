@@ -37,6 +37,7 @@ def test_fingerprint_is_by_value():
     assert runcache.fingerprint(a) == runcache.fingerprint(b)
     assert runcache.fingerprint(a) != runcache.fingerprint({**a, "x": torch.arange(1, 5)})
     assert runcache.fingerprint(cfg()) != runcache.fingerprint(cfg(lr=2e-3))
+    assert runcache.fingerprint(torch.tensor(1.5)) != runcache.fingerprint(torch.tensor(2.5))  # 0-d tensors
 
 
 def test_a_field_added_later_with_its_default_keeps_the_key():

@@ -131,11 +131,11 @@ NAT_SCALES: dict[str, NATScale] = {
                       phase1=_steps(1000, warmup_steps=250, validate_every=200),
                       phase2=_steps(100, lr=2e-4, schedule="constant", validate_every=100),
                       ablation=_steps(100, lr=2e-4, schedule="constant", validate_every=100), ablation_k=(1, 10),
-                      curve_every=200, seeds=1, teacher_beam=1, distill_examples=10000, lpd_candidates=5,
+                      curve_every=200, seeds=1, teacher_beam=1, distill_examples=15000, lpd_candidates=5,
                       latency_sentences=100, directions=(("de", "en"),), teacher_min_bleu=33.0,
                       notes="2 CPU threads, at most 30 minutes: De→En only, one seed; NAT-Base and Coverage-NAT "
                             "(`tiny` preset, K = 5) trained for 1,000 updates on a greedy distillation, by chapter "
-                            "0's teacher (`small` preset), of the first 10,000 training sentences (distilling all "
+                            "0's teacher (`small` preset), of the first 15,000 training sentences (distilling all "
                             "29k with the d=256 teacher would take about as long as training both NAT models), "
                             "then 100-update phase-2 runs (β = 0.5, and β = 0 and 1); the K_train ablation "
                             "fine-tunes Coverage-NAT's phase-1 model for 100 updates at K_train = 1 and 10; "
