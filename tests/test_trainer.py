@@ -1,5 +1,7 @@
 """Training: overfitting a tiny set, exact resume, NaN detection, checkpoint errors, the LR schedule."""
+import errno
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,12 +115,50 @@ def test_checkpoint_write_is_atomic(toy, tmp_path, monkeypatch):
     trainer = Trainer(tiny_model(tokenizer), tokenizer, encoded, None, None, CFG, CPU, tmp_path)
 
     def explode(*args, **kwargs):
-        raise OSError("disk full")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", explode)
-    with pytest.raises(OSError):
+    with pytest.raises(CheckpointError, match=r"^no space left on device while writing .*x.pt; the previous "
+                                              r"checkpoint is intact$"):
         trainer.save_checkpoint(tmp_path / "x.pt")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_kill_between_the_two_saves_leaves_best_pt_current(toy, tmp_path, monkeypatch):
+    """best.pt is written first: a kill before last.pt never leaves best.pt older than the best recorded."""
+    corpus, tokenizer, encoded = toy
+    trainer = Trainer(tiny_model(tokenizer), tokenizer, encoded, encoded, corpus.target,
+                      replace(CFG, max_steps=2, validate_every=2), CPU, tmp_path)
+    save = Trainer.save_checkpoint
+
+    def killed_before_last(self, path):
+        if Path(path).name == "last.pt":
+            raise KeyboardInterrupt
+        save(self, path)
+    monkeypatch.setattr(Trainer, "save_checkpoint", killed_before_last)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    best = load_checkpoint(tmp_path / "best.pt")["state"]
+    assert best["step"] == best["best_step"] == 2 and not (tmp_path / "last.pt").exists()
+
+
+def test_max_steps_between_validations_validates_the_last_step(toy, tmp_path):
+    corpus, tokenizer, encoded = toy
+    trainer = Trainer(tiny_model(tokenizer), tokenizer, encoded, encoded, corpus.target,
+                      replace(CFG, max_steps=5, validate_every=4, max_tokens=150), CPU, tmp_path)
+    trainer.train()
+    assert [r["step"] for r in trainer.state.history if r["kind"] == "valid"] == [4, 5]
+
+
+def test_save_every_writes_last_pt_between_validations(toy, tmp_path, monkeypatch):
+    _, tokenizer, encoded = toy
+    saved = []
+    save = Trainer.save_checkpoint
+    monkeypatch.setattr(Trainer, "save_checkpoint", lambda self, path: (saved.append(self.state.step), save(self, path)))
+    trainer = Trainer(tiny_model(tokenizer), tokenizer, encoded, None, None,
+                      replace(CFG, max_steps=5, save_every=2, max_tokens=150), CPU, tmp_path)
+    trainer.train()
+    assert saved == [2, 4, 5]
 
 
 def test_inverse_sqrt_schedule():
