@@ -184,3 +184,12 @@ def test_scales_take_chapter0s_teacher_and_fit_their_budgets():
     assert small.seeds == 1 and small.directions == (("de", "en"),) and small.phase1.max_steps >= 1000 and small.phase1.max_steps <= 1500
     assert full.seeds == 3 and len(full.directions) == 2 and full.ablation is None
     assert small.phase1.label_smoothing == 0.1
+
+
+def test_repeat_gap_noise_is_zero_for_identical_outputs_and_grows_with_disagreement():
+    from msgcore.experiments.coverage_nat import repeat_gap_noise
+
+    same = [[1, 1, 2], [3, 4, 4, 4], [5, 6]] * 10
+    assert repeat_gap_noise(same, same) == 0.0
+    other = [[1, 2, 3], [3, 4, 5, 6], [5, 5]] * 10
+    assert repeat_gap_noise(same, other) > 0.0

@@ -13,6 +13,7 @@ the notebook calls it too, so a GPU script and the notebook share every run.
 """
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -674,3 +675,17 @@ def length_accuracy(model: CoverageNAT, data: TranslationData, split: str, devic
     n = len(errors)
     return {"exact %": 100 * sum(e == 0 for e in errors) / n, "within ±2 %": 100 * sum(abs(e) <= 2 for e in errors) / n,
             "mean error (pieces)": statistics.mean(errors)}
+
+
+def repeat_gap_noise(first: Sequence[Sequence[int]], second: Sequence[Sequence[int]], samples: int = 300,
+                     seed: int = 0) -> float:
+    """The standard deviation of repeat_ratio(first) - repeat_ratio(second) under a paired bootstrap over sentences.
+
+    A repeat-ratio claim judged on one run has no seed-to-seed spread; this is its noise floor instead (rule 3 of
+    msgcore.claims): a difference under twice this value is inconclusive."""
+    rng, n = random.Random(seed), len(first)
+    gaps = []
+    for _ in range(samples):
+        idx = [rng.randrange(n) for _ in range(n)]
+        gaps.append(repeat_ratio([first[i] for i in idx]) - repeat_ratio([second[i] for i in idx]))
+    return statistics.stdev(gaps)
