@@ -4,7 +4,7 @@ import sacrebleu
 import torch
 
 from msgcore.data import Corpus
-from msgcore.experiments import paired_delta, verdict
+from msgcore.experiments import paired_delta
 from msgcore.experiments.trice import (current_sentence, document_bleu, joined_pair, previous_targets,
                                        shuffled_source, split_documents_at, train_stage2)
 from msgcore.model import preset
@@ -61,14 +61,6 @@ def test_sep_piece_is_one_token_and_survives_decoding(tmp_path):
     ids = tok.encode(f"ein Hund {SEP_PIECE} a dog")
     assert ids.count(tok.encode(SEP_PIECE)[-1]) == 1 and tok.langs == ("de", "en")
     assert current_sentence(tok.decode(ids)) == "a dog"
-
-
-def test_verdict_needs_every_run_significant():
-    assert verdict([1.0, 0.5], [0.01, 0.02]) == "reproduced"
-    assert verdict([1.0, -0.5], [0.01, 0.02]) == "inconclusive"
-    assert verdict([1.0, 0.5], [0.01, 0.20]) == "inconclusive"
-    assert verdict([-1.0], [0.01]) == "not reproduced"
-    assert verdict([-1.0], [0.01], higher_is_better=False) == "reproduced"  # e.g. TER
 
 
 def test_paired_delta_signs():

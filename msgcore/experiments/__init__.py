@@ -250,19 +250,6 @@ def paired_delta(references: list[str], baseline: list[str], system: list[str], 
     return other.score - base.score, other.p_value
 
 
-def verdict(deltas: list[float], p_values: list[float], higher_is_better: bool = True, alpha: float = 0.05) -> str:
-    """A claim "system beats baseline", judged over one or more runs (seeds):
-    reproduced when every run improves significantly, not reproduced when every run is significantly
-    worse, inconclusive otherwise."""
-    better = [(d > 0) == higher_is_better and d != 0 and p < alpha for d, p in zip(deltas, p_values)]
-    worse = [(d < 0) == higher_is_better and d != 0 and p < alpha for d, p in zip(deltas, p_values)]
-    if deltas and all(better):
-        return "reproduced"
-    if deltas and all(worse):
-        return "not reproduced"
-    return "inconclusive"
-
-
 def mean_std(values) -> str:
     """"mean ± std" over runs (seeds), with two decimals; just the value for a single run."""
     values = list(values)
