@@ -84,13 +84,13 @@ TRICE_SCALES: dict[str, TriceScale] = {
         notes="CI only: checks that the chapter runs end to end; its numbers mean nothing."),
     "small": TriceScale(
         "tiny", dict(dropout=0.1),
-        pretrain=_ft(1500, every=500, max_tokens=2048, lr=2e-3, warmup_steps=150, valid_max_sentences=200),
+        pretrain=_ft(2400, every=600, max_tokens=2048, lr=2e-3, warmup_steps=150, valid_max_sentences=200),
         finetune=_ft(300, every=100, patience=1, lr=5e-4),
         stage1=_ft(150, every=75, patience=1, lr=5e-4), stage2=_ft(250, every=125, patience=1, lr=5e-4),
         vocab_size=6000, pretrain_sentences=12000, heldout_sentences=50, pretrain_copy_ratio=0.5, fine_lr=1e-3,
         beam_size=1, analysis_examples=300, ted_test_documents=6, seeds=(0, 1, 2), budget_total=300,
         budget_splits=(0, 100),
-        notes="2 CPU threads: the `tiny` preset (2M parameters), at most 1,500 denoising updates (the checkpoint "
+        notes="2 CPU threads: the `tiny` preset (2M parameters), at most 2,400 denoising updates (the checkpoint "
               "that reconstructs held-out text best is kept), then every finetuning run early-stopped on dev BLEU "
               "within its own cap (300 updates; TRICE 150 + 250); greedy decoding. About 9,000 updates at most in "
               "all: an estimate of 35-50 minutes, over the 30-minute budget; see the chapter's scale table."),
