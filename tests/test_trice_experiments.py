@@ -158,3 +158,35 @@ def test_fixed_steps_trains_exactly_that_budget_and_validates_at_its_end():
     cfg = fixed_steps(TRICE_SCALES["small"].stage2, 100)
     assert (cfg.max_steps, cfg.validate_every, cfg.patience) == (100, 100, 0)
     assert fixed_steps(TRICE_SCALES["small"].stage2, 0).max_steps == 1
+
+
+def test_task_text_keeps_each_language_once_and_ape_german_is_the_mt():
+    from msgcore.experiments.trice import task_text
+
+    ape = Corpus("ape", "val", ("en", "de"), "de", [["src 1", "src 2", "  "], ["mt 1", "mt 2", "mt 3"]],
+                 ["pe 1", "pe 2", "pe 3"])
+    assert task_text(ape) == {"en": ["src 1", "src 2"], "de": ["mt 1", "mt 2", "mt 3"]}  # blank lines dropped
+    assert task_text(ape, n=1) == {"en": ["src 1"], "de": ["mt 1"]}
+    assert task_text(doc_corpus())["en"] == ["A1", "A2", "A3", "B1", "B2"]
+
+
+def test_single_source_systems_are_tested_on_their_own_source(tmp_path, monkeypatch):
+    """MBART-TRANS (Fr) was trained on the French column alone; decoding it on both sources (a bug once)
+    scored it at half its BLEU."""
+    import types
+    import urllib.error
+
+    from msgcore import download
+    from msgcore.experiments.trice import TRICE_SCALES, multi30k_data, prepare_tasks
+
+    monkeypatch.setenv("MSGCORE_DATA", str(tmp_path / "cache"))
+    monkeypatch.setenv("MSGCORE_DATA_MIRROR", "")
+    monkeypatch.setattr(download.urllib.request, "urlopen", lambda url, timeout: (_ for _ in ()).throw(
+        urllib.error.URLError("no network")))
+    tasks = prepare_tasks(TRICE_SCALES["smoke"], allow_synthetic=True).tasks
+    ch = types.SimpleNamespace(tasks=tasks)
+    both = tasks["m30k"].encoded["test_2016_flickr"]
+    for system, k in (("MBART-TRANS (De)", 0), ("MBART-TRANS (Fr)", 1)):
+        encoded = multi30k_data(ch, system).encoded["test_2016_flickr"]
+        assert encoded.sources == [both.sources[k]] and encoded.target == both.target
+    assert multi30k_data(ch, "TRICE").encoded["test_2016_flickr"].sources == both.sources

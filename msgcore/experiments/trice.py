@@ -527,9 +527,9 @@ def multi30k_runs(ch: Chapter) -> dict[tuple[str, int], RunResult]:
     """Table 3: (system, seed) -> run. DualBART and TRICE on every seed; the others on the first."""
     m30k, out, s0 = ch.tasks["m30k"], ch.out_dir, ch.seed
     runs = {("DualTrans", s0): train_dualtrans(m30k, ch.scale, ch.device, out / "dualtrans", s0)}
-    for lang in ("de", "fr"):
-        runs[f"MBART-TRANS ({lang.capitalize()})", s0] = train_mbart_trans(
-            ch.pretrained, ch.tasks[f"m30k_{lang}"], ch.scale, ch.device, out / f"mbart-{lang}", s0)
+    for system, task in MULTI30K_SINGLE.items():
+        runs[system, s0] = train_mbart_trans(ch.pretrained, ch.tasks[task], ch.scale, ch.device,
+                                             out / f"mbart-{task[-2:]}", s0)
     for s in ch.seeds:
         runs["DualBART", s] = train_dualbart(ch.pretrained, m30k, ch.scale, ch.device, out / f"dualbart-{s}", s)
         runs["TRICE stage 1", s], runs["TRICE", s] = train_trice(ch.pretrained, m30k, ch.scale, ch.device,
@@ -615,15 +615,41 @@ def run_chapter(scale_name: str, device: torch.device, out_dir: str | Path, seed
     return runs
 
 
-def denoiser_gates(ch: Chapter, target: float = 90.0) -> tuple[dict[str, float], dict[str, float]]:
-    """(reconstruction BLEU per language on held-out clean sentences, on the APE dev MT): the gate asks >= 90."""
-    _, heldout = split_heldout(ch.denoiser.tasks.monolingual, ch.scale.heldout_sentences)
-    held = reconstruction_bleu(ch.pretrained, ch.denoiser.tokenizer, heldout, ch.device)
-    ape = ch.tasks["ape"].corpora["val"]
-    n = ch.scale.analysis_examples or len(ape)
-    mt = reconstruction_bleu(ch.pretrained, ch.denoiser.tokenizer, {ape.source_langs[1]: ape.sources[1][:n]},
-                             ch.device)
-    return held, mt
+def task_text(corpus: Corpus, n: int = 0) -> dict[str, list[str]]:
+    """Each language of a (dev) corpus, its first `n` sentences (0 = all): text the denoiser never saw in
+    pre-training (stage 0 reads training splits only). A language on two sides keeps its first column:
+    APE's German is the MT (the text an APE system copies), TED's the previous sentence."""
+    text: dict[str, list[str]] = {}
+    for lang, column in zip((*corpus.source_langs, corpus.target_lang), (*corpus.sources, corpus.target)):
+        text.setdefault(lang, [s for s in column[:n or None] if s.strip()])  # the first column of a language
+    return text
+
+
+# The denoiser gate, per task: a task's claims need a pre-trained model that copies that task's own text.
+GATE_TASKS = {"Multi30k": "m30k", "APE": "ape", "TED": "ted"}
+
+
+def denoiser_gates(ch: Chapter) -> dict[str, dict[str, float]]:
+    """Reconstruction BLEU of the pre-trained model on clean dev text, per task and language side:
+    {"Multi30k": {"de": ..., "fr": ..., "en": ...}, "APE": {"en": ..., "de": ...}, "TED": {...}}.
+
+    # Deviation: the issue's gate asks >= 90 on held-out clean sentences; we ask it per task, on that
+    # task's dev text, so that a denoiser that copies short captions but not 40-word TED lines withholds
+    # only the TED verdicts. The pre-training dev curve (held-out training-domain text) is shown beside it.
+    """
+    n = ch.scale.analysis_examples
+    return {name: reconstruction_bleu(ch.pretrained, ch.denoiser.tokenizer, task_text(ch.tasks[task].corpora["val"], n),
+                                      ch.device)
+            for name, task in GATE_TASKS.items()}
+
+
+# Table 3's single-source systems read their own source; every other system reads both.
+MULTI30K_SINGLE = {"MBART-TRANS (De)": "m30k_de", "MBART-TRANS (Fr)": "m30k_fr"}
+
+
+def multi30k_data(ch: Chapter, system: str) -> TranslationData:
+    """The data a Table-3 system was trained on, and so the data it is tested on."""
+    return ch.tasks[MULTI30K_SINGLE.get(system, "m30k")]
 
 
 # ---- the paper's numbers (Huang et al. 2021, read from the paper's text; /work/shared/papers) ------------
