@@ -1,22 +1,46 @@
-"""Chapter 4 recipes (POSTECH APE, Lee, Shin, Lee, WMT 2019): data helpers only, so far.
+"""Chapter 4's recipes: POSTECH APE (Lee, Shin, Lee, WMT 2019, §3.1-3.3, Tables 1-4).
 
 APE triplets are a two-source corpus: sources [src (en), mt (de)] -> target pe (de), the order
 `msgcore.models.postech_ape.PostechAPE` expects. One joint tokenizer serves all three columns
-(§3.2: "32k shared vocabulary", SentencePiece unigram), so the model can copy from mt.
+(§3.2: "32k shared vocabulary"); the chapter uses chapter 1's, with its language tags, because every
+system starts from chapter 1's denoising model (`from_pretrained`).
 
-The offline stand-in (smoke runs, tests): the seeded toy corpus gives src = toy language "xa" and
-pe = "xt"; mt is pe with word-level errors (drop, substitute, swap), so copying mt is a real
-baseline (do-nothing) that a working APE model must beat.
+    Table 1   the data and the eSCAPE stand-in: synthetic MT by error injection, then the paper's filter
+    Table 2   four architectures (parallel/sequential x with/without the mt future mask): a generic model
+              each (synthetic + official triplets), fine-tuned on the official triplets at each ratio alpha
+    Table 3   the paper's three ensemble rules, chosen on dev, scored on dev and test
+    Table 4   test: do-nothing, a concatenation baseline, the dual-source control (separate encoders),
+              the best single model (several seeds) and the ensemble chosen on dev
+    analyses  TER by MT-quality bucket, outputs left untouched, the stack-level attention, a case study
+`run_chapter(scale, device, out_dir, seed)` trains every run (through the run cache); the notebook calls it.
+
+The offline stand-in (tests): the seeded toy corpus gives src = toy language "xa" and pe = "xt"; mt is pe
+with word-level errors (drop, substitute, swap), so copying mt is a real baseline that APE must beat.
 """
 from __future__ import annotations
 
 import random
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
-from msgcore.batching import encode_corpus
-from msgcore.data import SYNTHETIC_TARGET_LANG, Corpus, load_ape, synthetic_corpus, toy_lexicon
-from msgcore.experiments import TranslationData
+import torch
+from sacrebleu.metrics import TER
+from torch import Tensor
+
+from msgcore.batching import EncodedCorpus, encode_corpus
+from msgcore.data import (SYNTHETIC_TARGET_LANG, Corpus, load_ape, load_mlqe_pe, load_multi30k, synthetic_corpus,
+                          toy_lexicon)
+from msgcore.experiments import RunResult, TranslationData, get_scale, paired_delta, train_model
+from msgcore.experiments.trice import Denoiser, encode_task, pretrained_denoiser
+from msgcore.generation import Ensemble, GenerationConfig
+from msgcore.metrics import corpus_score
+from msgcore.model import TransformerConfig
+from msgcore.models.postech_ape import PostechAPE, PostechConfig, from_pretrained
+from msgcore.models.trice import TriceTransformer, from_single_source
 from msgcore.tokenizer import Tokenizer
-from msgcore.utils import DataError
+from msgcore.trainer import TrainConfig, translate_encoded
+from msgcore.utils import DataError, MsgcoreError
 
 APE_SPLITS = {"train": "train", "val": "dev", "test": "test"}  # our split name -> load_ape's
 
@@ -88,3 +112,501 @@ def prepare_ape(corpora: dict[str, Corpus], vocab_size: int = 8000, max_len: int
 def do_nothing(corpus: Corpus) -> list[str]:
     """The APE baseline: the mt column, unchanged."""
     return list(corpus.sources[1])
+
+
+# =====================================================================================================
+# The chapter: scales, the eSCAPE stand-in, the Table 2 sweep, ensembles, the test table and analyses
+# =====================================================================================================
+
+TER_CASED = dict(case_sensitive=True)  # the official APE evaluation (tercom) is case-sensitive
+
+# Table 2's four architectures (§3.2), and the controls of the Table 4 analogue.
+ARCHITECTURES: dict[str, dict] = {
+    "Par w/ mask": dict(multi_source="parallel", mt_future_mask=True),
+    "Par w/o mask": dict(multi_source="parallel", mt_future_mask=False),
+    "Seq w/ mask": dict(multi_source="sequential", mt_future_mask=True),
+    "Seq w/o mask": dict(multi_source="sequential", mt_future_mask=False),
+}
+DUAL = "Dual-source (separate encoders)"  # JDG-2018's structure: sequential decoder, no mt->src attention
+CONTROLS: dict[str, dict] = {DUAL: dict(multi_source="sequential", mt_future_mask=False, joint_encoder=False)}
+CONCAT = "Concatenation ([src; mt], one encoder)"
+DO_NOTHING = "Do-nothing (MT as output)"
+GENERIC = "w/o tuning"  # Table 2's name for the generic (phase-1) model
+
+
+@dataclass
+class PostechScale:
+    denoiser_scale: str  # the TRICE_SCALES entry whose cached denoiser initialises every system
+    generic: TrainConfig  # phase 1: synthetic triplets + the official ones (upsampled)
+    finetune: TrainConfig  # phase 2: the official training triplets, at each teacher-forcing ratio
+    ratios: tuple[float, ...] = (1.0, 0.8)  # teacher-forcing ratios alpha of Table 2 (1.0 first)
+    seeds: tuple[int, ...] = (0, 1, 2)  # fine-tuning seeds of the best system and of the dual-source control
+    synthetic_per_source: int = 0  # candidate synthetic triplets per parallel corpus (0 = all)
+    max_error_rate: float = 1.5  # word error rates of the synthetic MT are drawn uniformly from [0, this]
+    official_share: float = 1 / 3  # the official triplets' share of the generic data, after upsampling
+    dev_examples: int = 0  # dev triplets scored for Table 2/3 and model selection (0 = all)
+    test_examples: int = 0  # test triplets of Table 4 and the analyses (0 = all)
+    beam_size: int = 1  # decoding beam (1 = greedy)
+    top_n: tuple[int, ...] = (2, 4)  # Ens_set_1 sizes: the top-N fine-tuned models by dev TER
+    n_bootstrap: int = 1000  # paired-bootstrap resamples
+    teacher_forcing_pass: str = "incremental"  # the exact step-by-step version of §3.2 (msgcore.models.postech_ape)
+    notes: str = ""  # what a reader should know about this scale
+
+
+def _steps(steps: int, **kw) -> TrainConfig:
+    """`steps` updates, one validation (dev BLEU) at the end, label smoothing 0.1 (the base model's)."""
+    base = dict(lr=5e-4, warmup_steps=max(min(steps // 10, 400), 1), max_tokens=1536, max_epochs=1000,
+                max_steps=steps, validate_every=steps, patience=0, valid_max_sentences=100,
+                log_every=max(steps // 10, 1), progress=False)
+    return TrainConfig(**{**base, **kw})
+
+
+POSTECH_SCALES: dict[str, PostechScale] = {
+    "smoke": PostechScale(
+        "smoke", _steps(6, max_tokens=1024, valid_max_sentences=8), _steps(4, max_tokens=1024, valid_max_sentences=8),
+        seeds=(0, 1), synthetic_per_source=200, dev_examples=12, test_examples=24, top_n=(2,), n_bootstrap=100,
+        notes="CI only: checks that the chapter runs end to end; its numbers mean nothing."),
+    "small": PostechScale(
+        "small", _steps(150, lr=5e-4), _steps(60, lr=3e-4), synthetic_per_source=6000, dev_examples=300,
+        test_examples=1000,
+        notes="2 CPU threads: chapter 1's `tiny` denoiser (d=128, 2+2 layers) initialises every system; 150 generic "
+              "updates per architecture, 60 fine-tuning updates per teacher-forcing ratio (alpha in {1.0, 0.8}), "
+              "greedy decoding; Table 2 on the first 300 dev triplets, Table 4 on the whole test split."),
+    "full": PostechScale(
+        "full", _steps(4000, max_tokens=4096, lr=3e-4, valid_max_sentences=300),
+        _steps(1000, max_tokens=4096, lr=1e-4, valid_max_sentences=300), ratios=(1.0, 0.95, 0.9, 0.85, 0.8),
+        beam_size=5, top_n=(4, 6, 8),
+        notes="One GPU: chapter 1's `small` denoiser, the paper's five ratios, beam 5, every dev and test triplet."),
+}
+
+
+# ---- Table 1: the eSCAPE stand-in ------------------------------------------------------------------------
+
+def german_lexicon(sentences: list[str], size: int = 2000) -> list[str]:
+    """The `size` most frequent words of a German column: the substitutions of the synthetic MT."""
+    counts = Counter(w for s in sentences for w in s.split())
+    return [w for w, _ in counts.most_common(size)]
+
+
+def synthetic_mt(corpus: Corpus, seed: int, max_error_rate: float, limit: int = 0) -> Corpus:
+    """(src, mt', pe) from parallel (src -> pe): mt' = pe with word errors at a rate drawn per sentence
+    uniformly from [0, max_error_rate] (`noisy_copy`); the first `limit` pairs (0 = all).
+
+    # Deviation: eSCAPE's MT is a real system's output; ours is error injection (notes C.4's fallback), because
+    # the MT models we can train on CPU do not translate the IT domain sensibly (see the chapter)."""
+    if limit:
+        corpus = corpus.subset(range(min(limit, len(corpus))))
+    rng = random.Random(f"escape:{seed}:{corpus.name}")
+    lexicon = german_lexicon(corpus.target)
+    mt = [noisy_copy(pe, rng, lexicon, rng.uniform(0.0, max_error_rate)) for pe in corpus.target]
+    return Corpus(f"synthetic ({corpus.name})", "train", ("en", "de"), "de", [list(corpus.sources[0]), mt],
+                  list(corpus.target))
+
+
+def sentence_ter(hyps: list[str], refs: list[str]) -> list[float]:
+    """Per-sentence TER (cased, sacreBLEU), in %."""
+    metric = TER(**TER_CASED)
+    return [metric.sentence_score(h, [r]).score for h, r in zip(hyps, refs)]
+
+
+@dataclass
+class FilterRule:
+    """The paper's eSCAPE filter (§3.1): at most 70 words, TER(mt, pe) <= 75, length ratio of mt and pe < 1.4."""
+
+    max_words: int = 70
+    max_ter: float = 75.0
+    max_length_ratio: float = 1.4
+
+    def keeps(self, src: str, mt: str, pe: str, ter: float) -> bool:
+        lengths = [len(s.split()) for s in (src, mt, pe)]
+        if max(lengths) > self.max_words or min(lengths[1:]) == 0:
+            return False
+        ratio = max(lengths[1], lengths[2]) / min(lengths[1], lengths[2])  # "reciprocal length ratio"
+        return ter <= self.max_ter and ratio < self.max_length_ratio
+
+
+def escape_filter(corpus: Corpus, rule: FilterRule = FilterRule()) -> Corpus:
+    """The triplets of `corpus` that pass `rule`."""
+    ters = sentence_ter(corpus.sources[1], corpus.target)
+    keep = [i for i, (s, m, p, t) in enumerate(zip(*corpus.sources, corpus.target, ters)) if rule.keeps(s, m, p, t)]
+    return corpus.subset(keep)
+
+
+def concat_corpora(parts: list[Corpus], name: str) -> Corpus:
+    """Several (src, mt) -> pe corpora as one."""
+    return Corpus(name, "train", ("en", "de"), "de", [[s for c in parts for s in c.sources[k]] for k in range(2)],
+                  [t for c in parts for t in c.target])
+
+
+def parallel_corpora(tasks: dict[str, TranslationData], synthetic: bool) -> list[Corpus]:
+    """The en->de parallel text the synthetic triplets are made from: APE-train (src, pe) and Multi30k en->de
+    (only the APE stand-in when the toy tasks stand in for the real data)."""
+    ape = tasks["ape"].corpora["train"]
+    parts = [Corpus("APE train (src, pe)", "train", ("en",), "de", [ape.sources[0]], ape.target)]
+    if not synthetic:
+        m30k = load_multi30k("train", sources=("en",), target="de")
+        parts.append(Corpus("Multi30k en-de", "train", ("en",), "de", m30k.sources, m30k.target))
+    return parts
+
+
+def upsample(encoded: EncodedCorpus, times: int) -> EncodedCorpus:
+    return EncodedCorpus([col * times for col in encoded.sources], encoded.target * times, encoded.target_prefix,
+                         encoded.eos_id)
+
+
+def join_encoded(parts: list[EncodedCorpus]) -> EncodedCorpus:
+    return EncodedCorpus([[x for p in parts for x in p.sources[k]] for k in range(len(parts[0].sources))],
+                         [x for p in parts for x in p.target], parts[0].target_prefix, parts[0].eos_id)
+
+
+def official_times(n_official: int, n_synthetic: int, share: float) -> int:
+    """How many copies of the official triplets make them about `share` of the generic data (at least 1)."""
+    if not 0.0 < share < 1.0:
+        raise MsgcoreError(f"official_share = {share!r} must be in (0, 1)")
+    return max(1, round(share / (1 - share) * n_synthetic / max(n_official, 1)))
+
+
+# ---- the chapter's state --------------------------------------------------------------------------------
+
+@dataclass
+class Chapter:
+    scale: PostechScale
+    scale_name: str
+    denoiser: Denoiser
+    device: torch.device
+    out_dir: Path
+    seed: int = 0
+    synthetic_raw: Corpus | None = None  # the eSCAPE stand-in before the filter
+    synthetic: Corpus | None = None  # ... and after it
+    generic_data: EncodedCorpus | None = None
+    runs: dict = field(default_factory=dict)  # (system, alpha or GENERIC, seed) -> RunResult
+    outputs: dict = field(default_factory=dict)  # (system name, split) -> hypotheses
+
+    @property
+    def ape(self) -> TranslationData:
+        return self.denoiser.tasks.tasks["ape"]
+
+    @property
+    def tokenizer(self):
+        return self.denoiser.tokenizer
+
+
+def check_options(scale_name: str, seed: int) -> PostechScale:
+    """The scale, or a one-line error before any work."""
+    scale = get_scale(POSTECH_SCALES, scale_name)
+    if not isinstance(seed, int) or seed < 0:
+        raise MsgcoreError(f"seed = {seed!r}; use an integer >= 0")
+    if not scale.ratios or scale.ratios[0] != 1.0 or any(not 0.0 <= r <= 1.0 for r in scale.ratios):
+        raise MsgcoreError(f"ratios = {scale.ratios!r}: the first must be 1.0 and all in [0, 1]")
+    return scale
+
+
+def start_chapter(scale_name: str, device: torch.device, out_dir: str | Path, seed: int = 0) -> Chapter:
+    """The cached denoiser (chapter 1's), the APE task in its layout, and the filtered synthetic triplets."""
+    scale = check_options(scale_name, seed)
+    denoiser = pretrained_denoiser(scale.denoiser_scale, device, seed, Path(out_dir) / "denoiser")
+    ch = Chapter(scale, scale_name, denoiser, device, Path(out_dir), seed)
+    parts = [synthetic_mt(c, seed, scale.max_error_rate, scale.synthetic_per_source)
+             for c in parallel_corpora(denoiser.tasks.tasks, denoiser.tasks.synthetic)]
+    ch.synthetic_raw = concat_corpora(parts, "eSCAPE stand-in")
+    ch.synthetic = escape_filter(ch.synthetic_raw)
+    official = ch.ape.encoded["train"]
+    synthetic = encode_task(ch.synthetic, ch.tokenizer, max_len=128)
+    times = official_times(len(official), len(synthetic), scale.official_share)
+    ch.generic_data = join_encoded([synthetic, upsample(official, times)])
+    return ch
+
+
+# ---- training ------------------------------------------------------------------------------------------
+
+def postech_config(ch: Chapter, **fields) -> PostechConfig:
+    """The denoiser's dimensions with POSTECH's fields. # Deviation: pre-norm and the embedding LayerNorm, as the
+    pre-trained model has them (the paper's equations are post-norm; its toolkit, OpenNMT-py, is pre-norm)."""
+    base = {k: v for k, v in ch.denoiser.model.cfg.to_dict().items() if k in TransformerConfig.__dataclass_fields__}
+    return PostechConfig(**{**base, "pre_norm": True, "embedding_norm": True,
+                            "teacher_forcing_pass": ch.scale.teacher_forcing_pass, **fields})
+
+
+def train_generic(ch: Chapter, system: str, fields: dict) -> RunResult:
+    """Phase 1: the denoiser turned into a POSTECH model, trained on the generic data (seed = the chapter's)."""
+    torch.manual_seed(ch.seed)
+    model = from_pretrained(ch.denoiser.model, postech_config(ch, **fields))
+    return train_model(model, ch.ape, replace(ch.scale.generic, seed=ch.seed), ch.device,
+                       ch.out_dir / slug(system) / "generic", train=ch.generic_data)
+
+
+def finetune(ch: Chapter, generic: RunResult, system: str, fields: dict, alpha: float, seed: int) -> RunResult:
+    """Phase 2: the generic model fine-tuned on the official triplets with teacher-forcing ratio alpha (§3.2)."""
+    model = PostechAPE(postech_config(ch, **fields, teacher_forcing_ratio=alpha))
+    model.load_state_dict(generic.model.state_dict())
+    return train_model(model, ch.ape, replace(ch.scale.finetune, seed=seed), ch.device,
+                       ch.out_dir / slug(system) / f"alpha-{alpha:g}-seed-{seed}")
+
+
+def slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
+
+
+def concat_model(ch: Chapter) -> TriceTransformer:
+    """The concatenation baseline: the denoiser reading "src </s> <en> mt </s> <de>" with one encoder and one
+    cross-attention (chapter 1's DualBART; the 2018 systems' single-encoder input)."""
+    cfg = replace(ch.denoiser.model.cfg, fine_layers=0, separated_cross_attention=False, segment_embedding=False)
+    return from_single_source(ch.denoiser.model, cfg)
+
+
+def train_concat(ch: Chapter, seed: int) -> tuple[RunResult, RunResult]:
+    """The concatenation baseline through the same two phases (generic, then fine-tuned at alpha = 1)."""
+    torch.manual_seed(ch.seed)
+    generic = train_model(concat_model(ch), ch.ape, replace(ch.scale.generic, seed=ch.seed), ch.device,
+                          ch.out_dir / "concat" / "generic", train=ch.generic_data)
+    model = concat_model(ch)
+    model.load_state_dict(generic.model.state_dict())
+    tuned = train_model(model, ch.ape, replace(ch.scale.finetune, seed=seed), ch.device,
+                        ch.out_dir / "concat" / f"seed-{seed}")
+    return generic, tuned
+
+
+def sweep_runs(ch: Chapter) -> None:
+    """Table 2: each architecture's generic model and one fine-tuning run per ratio (the first seed)."""
+    for system, fields in ARCHITECTURES.items():
+        generic = ch.runs[system, GENERIC, ch.seed] = train_generic(ch, system, fields)
+        for alpha in ch.scale.ratios:
+            ch.runs[system, alpha, ch.seed] = finetune(ch, generic, system, fields, alpha, ch.seed)
+
+
+def control_runs(ch: Chapter) -> None:
+    """The dual-source control and the concatenation baseline, every seed, alpha = 1."""
+    generic = ch.runs[DUAL, GENERIC, ch.seed] = train_generic(ch, DUAL, CONTROLS[DUAL])
+    for s in seeds(ch):
+        ch.runs[DUAL, 1.0, s] = finetune(ch, generic, DUAL, CONTROLS[DUAL], 1.0, s)
+    ch.runs[CONCAT, GENERIC, ch.seed], ch.runs[CONCAT, 1.0, ch.seed] = train_concat(ch, ch.seed)
+
+
+def seeds(ch: Chapter) -> tuple[int, ...]:
+    return tuple(ch.seed + s for s in ch.scale.seeds)
+
+
+def best_single(ch: Chapter) -> tuple[str, float]:
+    """(architecture, alpha) of the fine-tuned model with the lowest dev TER (the first seed)."""
+    table = dev_table(ch)
+    tuned = [(system, alpha) for system in ARCHITECTURES for alpha in ch.scale.ratios]
+    return min(tuned, key=lambda key: table[key]["TER"])
+
+
+def best_seed_runs(ch: Chapter) -> None:
+    """The best single system on the other seeds (its generic model is shared)."""
+    system, alpha = best_single(ch)
+    for s in seeds(ch)[1:]:
+        ch.runs[system, alpha, s] = finetune(ch, ch.runs[system, GENERIC, ch.seed], system, ARCHITECTURES[system],
+                                             alpha, s)
+
+
+def run_chapter(scale_name: str, device: torch.device, out_dir: str | Path, seed: int = 0) -> Chapter:
+    """Every training run of chapter 4, through the run cache (`python -m msgcore.experiments ch04`)."""
+    ch = start_chapter(scale_name, device, out_dir, seed)
+    sweep_runs(ch)
+    control_runs(ch)
+    best_seed_runs(ch)
+    return ch
+
+
+# ---- decoding and scores --------------------------------------------------------------------------------
+
+def split_limit(ch: Chapter, split: str) -> int:
+    n = ch.scale.dev_examples if split == "val" else ch.scale.test_examples
+    return min(n or len(ch.ape.corpora[split]), len(ch.ape.corpora[split]))
+
+
+def references(ch: Chapter, split: str) -> list[str]:
+    return list(ch.ape.corpora[split].target[:split_limit(ch, split)])
+
+
+def mt_outputs(ch: Chapter, split: str) -> list[str]:
+    """The do-nothing baseline on a split: the MT, unchanged."""
+    return do_nothing(ch.ape.corpora[split])[:split_limit(ch, split)]
+
+
+def decode(ch: Chapter, name: str, model, split: str) -> list[str]:
+    """A model's (or an Ensemble's) outputs on the first scored triplets of a split, computed once."""
+    if (name, split) not in ch.outputs:
+        ch.outputs[name, split] = translate_encoded(model, ch.tokenizer, ch.ape.encoded[split], ch.device,
+                                                    GenerationConfig(beam_size=ch.scale.beam_size),
+                                                    limit=split_limit(ch, split))
+    return ch.outputs[name, split]
+
+
+def run_name(system: str, alpha, seed: int) -> str:
+    tag = GENERIC if alpha == GENERIC else f"α={alpha:g}"
+    return f"{system} ({tag}, seed {seed})"
+
+
+def run_outputs(ch: Chapter, key: tuple, split: str) -> list[str]:
+    return decode(ch, run_name(*key), ch.runs[key].model, split)
+
+
+def ape_scores(hyps: list[str], refs: list[str]) -> dict[str, float]:
+    """TER cased (the official tercom setting), TER case-insensitive (sacreBLEU's default), BLEU (cased, 13a)."""
+    return {"TER": corpus_score("ter", hyps, refs, **TER_CASED).score,
+            "TER (ci)": corpus_score("ter", hyps, refs).score, "BLEU": corpus_score("bleu", hyps, refs).score}
+
+
+def dev_table(ch: Chapter) -> dict[tuple, dict[str, float]]:
+    """(system, alpha or GENERIC) -> dev scores of the first seed, for the four architectures."""
+    refs = references(ch, "val")
+    return {(system, alpha): ape_scores(run_outputs(ch, (system, alpha, ch.seed), "val"), refs)
+            for system in ARCHITECTURES for alpha in (GENERIC, *ch.scale.ratios)}
+
+
+def initial_outputs(ch: Chapter, split: str) -> list[str]:
+    """Where every system starts: the denoiser reading mt alone (what `from_pretrained` gives at step 0)."""
+    model = from_pretrained(ch.denoiser.model, postech_config(ch, **ARCHITECTURES["Seq w/o mask"])).to(ch.device)
+    return decode(ch, "initialisation (the denoiser copying mt)", model.eval(), split)
+
+
+# ---- Table 1 -----------------------------------------------------------------------------------------
+
+def data_table(ch: Chapter) -> list[dict]:
+    """Table 1's analogue: triplets and do-nothing TER (cased) of every set, with the paper's rows beside."""
+    rows = [(f"APE {split}", ch.ape.corpora[split]) for split in ("train", "val", "test")]
+    if not ch.denoiser.tasks.synthetic:
+        rows += [(f"MLQE-PE en-de {split}", load_mlqe_pe(split)) for split in ("train", "dev")]
+    rows += [("eSCAPE stand-in", ch.synthetic_raw), ("eSCAPE stand-in, filtered", ch.synthetic)]
+    out = []
+    for name, corpus in rows:
+        mt = do_nothing(corpus)
+        out.append({"dataset": name, "triplets": len(corpus),
+                    "TER": corpus_score("ter", mt, list(corpus.target), **TER_CASED).score,
+                    "mt == pe (%)": 100 * sum(m == p for m, p in zip(mt, corpus.target)) / max(len(corpus), 1)})
+    return out
+
+
+# ---- Table 3: ensembles chosen on dev ----------------------------------------------------------------
+
+def ensemble_sets(dev: dict[tuple, dict[str, float]], ratios, top_n) -> dict[str, list[tuple]]:
+    """The paper's three rules (§3.2) over the fine-tuned models, by dev scores (ties: the first listed):
+    Ens_set_1-topN   the N best by TER of all;   Ens_set_2-topN  the N best by TER per architecture;
+    Ens_set_3        per architecture the best by TER and the best by BLEU (one model when they coincide)."""
+    tuned = [(system, alpha) for system in ARCHITECTURES for alpha in ratios]
+    by_ter = sorted(tuned, key=lambda k: dev[k]["TER"])
+    sets = {f"Ens_set_1-top{n}": by_ter[:n] for n in top_n if n <= len(tuned)}
+    for n in (1, 2):
+        if n <= len(ratios):
+            sets[f"Ens_set_2-top{n}"] = [k for system in ARCHITECTURES
+                                         for k in sorted([k for k in tuned if k[0] == system],
+                                                         key=lambda k: dev[k]["TER"])[:n]]
+    var2 = []
+    for system in ARCHITECTURES:
+        mine = [k for k in tuned if k[0] == system]
+        for best in (min(mine, key=lambda k: dev[k]["TER"]), max(mine, key=lambda k: dev[k]["BLEU"])):
+            if best not in var2:
+                var2.append(best)
+    sets["Ens_set_3"] = var2
+    return sets
+
+
+def ensemble_outputs(ch: Chapter, name: str, members: list[tuple], split: str) -> list[str]:
+    models = [ch.runs[(system, alpha, ch.seed)].model for system, alpha in members]
+    return decode(ch, name, Ensemble(models).eval(), split)
+
+
+# ---- analyses ------------------------------------------------------------------------------------------
+
+BUCKETS = ((0.0, 0.0, "TER = 0 (perfect MT)"), (0.0, 20.0, "0 < TER ≤ 20"), (20.0, 40.0, "20 < TER ≤ 40"),
+           (40.0, float("inf"), "TER > 40"))
+
+
+def bucket_of(ter: float) -> str:
+    """The MT-quality bucket of a sentence by its MT's TER against the post-edit."""
+    if ter < 0:
+        raise MsgcoreError(f"TER {ter!r} is negative")
+    for low, high, name in BUCKETS:
+        if (ter == 0.0 and high == 0.0) or (low < ter <= high):
+            return name
+    raise AssertionError("unreachable")
+
+
+def bucket_table(mt: list[str], refs: list[str], systems: dict[str, list[str]]) -> list[dict]:
+    """Corpus TER (cased) per MT-quality bucket for do-nothing and each system."""
+    buckets = [bucket_of(t) for t in sentence_ter(mt, refs)]
+    rows = []
+    for _, _, name in BUCKETS:
+        idx = [i for i, b in enumerate(buckets) if b == name]
+        if not idx:
+            continue
+        row = {"MT quality": name, "sentences": len(idx)}
+        for system, hyps in {DO_NOTHING: mt, **systems}.items():
+            row[system] = corpus_score("ter", [hyps[i] for i in idx], [refs[i] for i in idx], **TER_CASED).score
+        rows.append(row)
+    return rows
+
+
+def untouched(hyps: list[str], mt: list[str]) -> float:
+    """% of outputs identical to the MT."""
+    return 100 * sum(h == m for h, m in zip(hyps, mt)) / max(len(mt), 1)
+
+
+def paired(refs: list[str], baseline: list[str], system: list[str], metric: str, n: int) -> tuple[float, float]:
+    """(system - baseline, p) by sacreBLEU's paired bootstrap; TER is sacreBLEU's default (case-insensitive)."""
+    return paired_delta(refs, baseline, system, metric, n)
+
+
+def heatmap_example(ch: Chapter, model: PostechAPE, max_pieces: int = 14) -> tuple[list[str], list[str], Tensor]:
+    """The shortest-ish test triplet's mt->src attention in the top joint-encoder layer, averaged over heads:
+    (src pieces, mt pieces, weights (T_y, T_x))."""
+    enc = ch.ape.encoded["test"]
+    n = split_limit(ch, "test")
+    i = min(range(n), key=lambda j: abs(len(enc.sources[1][j]) - max_pieces))
+    src, mt = (torch.tensor([enc.sources[k][i]], device=ch.device) for k in range(2))
+    masks = [torch.ones_like(src, dtype=torch.bool), torch.ones_like(mt, dtype=torch.bool)]
+    with torch.no_grad():
+        weights = model.eval().stack_attention([src, mt], masks)[-1][0].mean(0).float().cpu()  # (T_y, T_x)
+    pieces = [[ch.tokenizer.id_to_piece(t) for t in enc.sources[k][i]] for k in range(2)]
+    return pieces[0], pieces[1], weights
+
+
+def case_studies(src: list[str], mt: list[str], refs: list[str], hyps: list[str]) -> list[dict]:
+    """The edited sentence with the largest TER gain and the one with the largest loss."""
+    before, after = sentence_ter(mt, refs), sentence_ter(hyps, refs)
+    edited = [i for i in range(len(mt)) if hyps[i] != mt[i]]
+    if not edited:
+        return []
+    picks = {"largest gain": min(edited, key=lambda i: after[i] - before[i]),
+             "largest loss": max(edited, key=lambda i: after[i] - before[i])}
+    return [{"case": case, "src": src[i], "mt": mt[i], "APE output": hyps[i], "pe": refs[i],
+             "TER mt": before[i], "TER output": after[i]} for case, i in picks.items()]
+
+
+def loss_ratio(run: RunResult) -> float:
+    """Last logged training loss / first: below 1 when the run learned."""
+    losses = [r["loss"] for r in run.history if r["kind"] == "train"]
+    return losses[-1] / losses[0] if len(losses) > 1 else 1.0
+
+
+# ---- the paper's numbers (Lee, Shin, Lee 2019, read from the paper's text; /work/shared/papers) ---------
+
+PAPER_TABLES = {
+    # Table 1: triplets and TER of mt vs pe.
+    "table1": {"official training set": (13442, 14.89), "official development set": (1000, 15.08),
+               "eSCAPE-NMT": (7258533, 60.54), "eSCAPE-NMT-filtered": (4303876, 39.65)},
+    # Table 2 (WMT19 dev): (TER, BLEU) per architecture and teacher-forcing ratio; "w/o tuning" = generic.
+    "table2": {
+        "Par w/ mask": {GENERIC: (15.06, 77.18), 1.0: (15.02, 77.25), 0.95: (15.07, 77.24), 0.9: (14.75, 77.54),
+                        0.85: (14.86, 77.37), 0.8: (14.98, 77.06)},
+        "Par w/o mask": {GENERIC: (15.03, 77.29), 1.0: (14.95, 77.41), 0.95: (14.94, 77.24), 0.9: (14.94, 77.26),
+                         0.85: (14.95, 77.30), 0.8: (14.93, 77.15)},
+        "Seq w/ mask": {GENERIC: (14.89, 77.38), 1.0: (14.83, 77.54), 0.95: (14.83, 77.41), 0.9: (14.79, 77.40),
+                        0.85: (14.73, 77.50), 0.8: (14.83, 77.44)},
+        "Seq w/o mask": {GENERIC: (15.10, 77.19), 1.0: (14.75, 77.68), 0.95: (14.53, 77.36), 0.9: (14.99, 77.26),
+                         0.85: (14.76, 77.56), 0.8: (15.34, 76.79)}},
+    # Table 3 (dev): ensembles, (TER, BLEU).
+    "table3": {"Ens_set_1-top4": (14.66, 77.79), "Ens_set_1-top6": (14.62, 77.79), "Ens_set_1-top8": (14.62, 77.81),
+               "Ens_set_2-top1": (14.58, 77.86), "Ens_set_2-top2": (14.55, 77.95), "Ens_set_3": (14.61, 77.86)},
+    # Table 4 (WMT19 test), (TER, BLEU); the baseline is the do-nothing MT.
+    "table4": {"POSTECH_Primary (top2Ens8)": (16.11, 76.22), "POSTECH_Contrastive (var2Ens8)": (16.13, 76.21),
+               "POSTECH_Contrastive (top1Ens4)": (16.17, 76.15), "Tebbifakhr et al. (2018)": (16.46, 75.53),
+               "Junczys-Dowmunt and Grundkiewicz (2018)": (16.50, 75.44), "Shin and Lee (2018)": (16.70, 75.14),
+               "Baseline": (16.84, 74.73)},
+}
+PAPER_SETTINGS = ("WMT19 En-De APE (NMT output): 13,442 training and 1,000 dev triplets, plus eSCAPE-NMT filtered to "
+                  "4.3M; base Transformer (d=512, 6 layers), 32k shared SentencePiece, OpenNMT-py, phase 1 on "
+                  "eSCAPE + official x20, phase 2 on the official data with alpha in {1.00, ..., 0.80}")

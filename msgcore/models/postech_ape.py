@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from msgcore.attention import KV, MultiHeadAttention
 from msgcore.layers import DecoderLayer, EncoderLayer, EncoderOut, FeedForward, ResidualLayer
 from msgcore.model import Decoder, Transformer, TransformerConfig, build_embeddings
+from msgcore.models.trice import TriceEmbeddings
 from msgcore.utils import MsgcoreError
 
 SRC, MT = 0, 1  # positions of the two sources in `sources`, and of E_src / E_joint in the memory
@@ -50,6 +51,8 @@ class PostechConfig(TransformerConfig):
     teacher_forcing_ratio: float = 1.0  # alpha (§3.2): 1.0 = plain teacher forcing
     teacher_forcing_pass: str = "parallel"  # how the model's own inputs are picked when alpha < 1 (see `mixed_inputs`)
     pre_norm: bool = False  # the paper's equations are post-norm (Vaswani et al.); True = pre-norm (OpenNMT-py's)
+    joint_encoder: bool = True  # False = the dual-source control: mt layers without the src-attention (Eq. 1 off)
+    embedding_norm: bool = False  # LayerNorm after the embedding sum, as in the mBART stand-in (`from_pretrained`)
 
     def __post_init__(self) -> None:
         """Refuse a setting the model cannot run, with one line naming the field."""
@@ -60,6 +63,15 @@ class PostechConfig(TransformerConfig):
                                f"use one of {TEACHER_FORCING_PASSES}")
         if not 0.0 <= self.teacher_forcing_ratio <= 1.0:
             raise MsgcoreError(f"PostechConfig.teacher_forcing_ratio = {self.teacher_forcing_ratio!r} is not in [0, 1]")
+
+
+def postech_embeddings(cfg: PostechConfig, token_embedding: nn.Embedding) -> nn.Module:
+    """Token + position embeddings; with `embedding_norm`, the LayerNorm of chapter 1's mBART stand-in after them
+    (the same module, so that its pre-trained weights load by name)."""
+    if not cfg.embedding_norm:
+        return build_embeddings(cfg, token_embedding)
+    plain = build_embeddings(cfg, token_embedding)
+    return TriceEmbeddings(token_embedding, plain.positions, cfg.dropout, cfg.segment_stride)
 
 
 # ---- §2.1 the joint encoder ------------------------------------------------------------------------
@@ -85,6 +97,7 @@ class JointEncoderLayer(ResidualLayer):
         # read as the first attention *sub-layer* of every mt layer, so it applies in all N mt layers.
         # The src-attention is never masked beyond src padding.
         self.causal = cfg.mt_future_mask
+        self.joint = cfg.joint_encoder
 
     def forward(self, h_mt: Tensor, mt_mask: Tensor, h_src: Tensor, src_mask: Tensor,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -93,6 +106,8 @@ class JointEncoderLayer(ResidualLayer):
         h, _, _ = self.self_attn(self.before(h_mt, self.self_attn_norm), mask=mt_mask[:, None, None, :],
                                  causal=self.causal)
         h_mt = self.after(h_mt, h, self.self_attn_norm)  # H^i_mt (B, T_y, D)
+        if not self.joint:  # the dual-source control: a plain encoder layer over mt
+            return self.after(h_mt, self.ffn(self.before(h_mt, self.ffn_norm)), self.ffn_norm), None
         c_src, _, weights = self.src_attn(self.before(h_mt, self.src_attn_norm), self.src_kv_norm(h_src),
                                           src_mask[:, None, None, :], need_weights=need_weights)  # Eq. (1): C^i_src
         joint = self.after(h_mt, c_src, self.src_attn_norm)  # Eq. (1): H^i_joint = LayerNorm(H^i_mt + C^i_src)
@@ -108,7 +123,7 @@ class JointEncoder(nn.Module):
 
     def __init__(self, cfg: PostechConfig, token_embedding: nn.Embedding):
         super().__init__()
-        self.embed = build_embeddings(cfg, token_embedding)
+        self.embed = postech_embeddings(cfg, token_embedding)
         self.src_layers = nn.ModuleList(
             EncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout,
                          cfg.activation_dropout, cfg.pre_norm) for _ in range(cfg.encoder_layers))
@@ -198,6 +213,10 @@ class SequentialAttentionLayer(MultiSourceDecoderLayer):
 
 
 class PostechDecoder(Decoder):
+    def __init__(self, cfg: PostechConfig, token_embedding: nn.Embedding):
+        super().__init__(cfg, token_embedding)
+        self.embed = postech_embeddings(cfg, token_embedding)
+
     def build_layer(self, cfg: PostechConfig, index: int) -> nn.Module:
         layer_class = ParallelAttentionLayer if cfg.multi_source == "parallel" else SequentialAttentionLayer
         return layer_class(cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, cfg.attention_dropout,
@@ -275,3 +294,49 @@ class PostechAPE(Transformer):
         logits = self.decode(target_in, memory).logits  # (B, T, V)
         return F.cross_entropy(logits.float().flatten(0, 1), batch.target_out.flatten(), ignore_index=self.cfg.pad_id,
                                reduction="sum", label_smoothing=label_smoothing)
+
+
+# ---- initialisation from a pre-trained single-source model (the chapter's mBART stand-in) ------------------
+
+NEW_MODULES = ("src_attn.", "src_attn_norm.", "src_kv_norm.")  # what a single-source model does not have
+
+
+def pretrained_state(single: Transformer) -> dict[str, Tensor]:
+    """A single-source model's weights under PostechAPE's names: its encoder layers serve both stacks (the src
+    stack whole, the mt stack's self-attention, FFN and norms), its decoder and embeddings the same modules."""
+    mapped = {}
+    for name, value in single.state_dict().items():
+        if name.startswith("encoder.layers."):
+            rest = name[len("encoder.layers."):]
+            mapped["encoder.src_layers." + rest] = mapped["encoder.mt_layers." + rest] = value
+        elif name.startswith("encoder.final_norm."):
+            rest = name[len("encoder.final_norm."):]
+            mapped["encoder.src_final_norm." + rest] = mapped["encoder.mt_final_norm." + rest] = value
+        else:
+            mapped[name] = value
+    return mapped
+
+
+def from_pretrained(single: Transformer, cfg: PostechConfig) -> PostechAPE:
+    """A PostechAPE model that starts as `single` reading mt: the new attentions (mt->src in the joint encoder,
+    the decoder's attention to E_src) get a zero output projection, so at initialisation E_joint is the
+    pre-trained encoding of mt and the decoder reads it alone.
+
+    # Deviation: the paper trains from scratch on 4.3M synthetic triplets; with thousands of triplets we start
+    # from chapter 1's denoising model (a copier, like mBART) and open the new paths from zero (as adapters do),
+    # so that training starts at the do-nothing output instead of at random text. It needs cfg.pre_norm and
+    # cfg.embedding_norm to match the pre-trained model.
+    """
+    model = PostechAPE(cfg)
+    missing, unexpected = model.load_state_dict(pretrained_state(single), strict=False)
+    new = [name for name in missing if not any(part in name for part in NEW_MODULES)]
+    if unexpected or new:
+        raise MsgcoreError(f"the pre-trained model does not fit PostechAPE: unexpected {unexpected[:3]}, "
+                           f"missing {new[:3]} (check pre_norm and embedding_norm)")
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if name.endswith(".src_attn"):
+                module.out_proj.weight.zero_()
+                if module.out_proj.bias is not None:
+                    module.out_proj.bias.zero_()
+    return model
