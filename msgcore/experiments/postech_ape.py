@@ -31,7 +31,10 @@ from torch import Tensor
 from msgcore.batching import EncodedCorpus, encode_corpus
 from msgcore.data import (SYNTHETIC_TARGET_LANG, Corpus, load_ape, load_mlqe_pe, load_multi30k, synthetic_corpus,
                           toy_lexicon)
-from msgcore.experiments import RunResult, TranslationData, get_scale, paired_delta, train_model
+from msgcore import runcache
+from msgcore.experiments import (RunResult, TranslationData, get_scale, load_finished_run, paired_delta, run_key,
+                                 train_model)
+from msgcore.experiments import trice
 from msgcore.experiments.trice import Denoiser, encode_task, pretrained_denoiser
 from msgcore.generation import Ensemble, GenerationConfig
 from msgcore.metrics import corpus_score
@@ -408,6 +411,31 @@ def run_chapter(scale_name: str, device: torch.device, out_dir: str | Path, seed
     control_runs(ch)
     best_seed_runs(ch)
     return ch
+
+
+def cached_only(model, data: TranslationData, train_cfg: TrainConfig, device: torch.device,
+                train: EncodedCorpus | None = None, valid: EncodedCorpus | None = None) -> RunResult | None:
+    """The finished run `train_model` would return, from the run cache only: None when it was never trained."""
+    train, valid = train or data.encoded["train"], valid or data.encoded["val"]
+    entry = runcache.entry_dir("run", run_key(model, train_cfg, train, valid, data.corpora["val"].target))
+    meta = runcache.finished(entry) if entry and entry.is_dir() else None
+    return load_finished_run(model, entry, meta, device) if meta else None
+
+
+def trice_run(ch: Chapter) -> RunResult | None:
+    """Chapter 1's TRICE on the same APE split, from the same denoiser, on chapter 1's own budget (stage 1, then
+    stage 2; `msgcore.experiments.trice.train_trice`), taken from the run cache and never trained here: None when
+    chapter 1 has not run at this scale and seed."""
+    scale, data, seed = ch.denoiser.scale, ch.ape, ch.seed
+    stage1 = cached_only(trice.copy_model(ch.denoiser.model), data, replace(scale.stage1, seed=seed), ch.device,
+                         trice.single_source_encoded(data.encoded["train"], seed),
+                         trice.single_source_encoded(data.encoded["val"], seed))
+    if stage1 is None:
+        return None
+    cfg = replace(scale.stage2, seed=seed)
+    torch.manual_seed(seed)  # as train_stage2 does: the fine encoder's initialisation is part of the run's key
+    model = from_single_source(stage1.model, trice.model_config(data, scale, **trice.stage2_config(scale, cfg)))
+    return cached_only(model, data, cfg, ch.device)
 
 
 # ---- decoding and scores --------------------------------------------------------------------------------
