@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from msgcore.embeddings import Embeddings, LearnedPositions, SinusoidalPositions
 from msgcore.generation import GenerationConfig, generate
 from msgcore.layers import DecoderLayer, EncoderLayer, EncoderOut, LayerCache
+from msgcore.tokenizer import Tokenizer
 from msgcore.utils import MsgcoreError
 
 
@@ -136,6 +137,7 @@ class Transformer(nn.Module):
     """
 
     config_class = TransformerConfig  # what `load_model` rebuilds the config with
+    tokenizer_class = Tokenizer  # what `load_model` rebuilds the checkpoint's tokenizer with (`from_bytes`)
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()

@@ -35,7 +35,6 @@ from msgcore import distributed
 from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batches
 from msgcore.generation import GenerationConfig
 from msgcore.metrics import corpus_score
-from msgcore.tokenizer import Tokenizer
 from msgcore.utils import CheckpointError, MsgcoreError, TrainingError, atomic_write
 
 CHECKPOINT_KEYS = ("model", "model_class", "model_config", "optimizer", "scheduler", "rng", "state",
@@ -165,7 +164,7 @@ class Trainer:
         self.model, self.tokenizer, self.cfg, self.device = model.to(device), tokenizer, cfg, device
         self.train_data, self.valid_data, self.valid_refs = train_data, valid_data, valid_refs
         self.out_dir = Path(out_dir)
-        self.lengths = example_lengths(train_data)
+        self.lengths = self.example_lengths(train_data)
         groups = [{"params": g["params"], "lr": cfg.lr * g.get("lr_scale", 1.0)} for g in model.parameter_groups()]
         self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8,
                                            weight_decay=cfg.weight_decay, fused=device.type == "cuda")
@@ -186,6 +185,15 @@ class Trainer:
         if amp == "bf16" or (amp == "auto" and device.type == "cuda"):
             return torch.bfloat16
         return None
+
+    # ---- batches: hooks for a model whose examples carry more than sources and one target ---------------
+    def collate(self, data: EncodedCorpus, indices: list[int]):
+        """Hook: pad the examples at `indices` into a batch for `model.loss` (training and dev loss)."""
+        return collate(data, indices)
+
+    def example_lengths(self, data: EncodedCorpus) -> list[int]:
+        """Hook: the padded length each example needs, which the token budget of a batch counts."""
+        return example_lengths(data)
 
     # ---- one optimizer step -------------------------------------------------------------
     def loss_sum(self, batch) -> torch.Tensor:
@@ -255,7 +263,7 @@ class Trainer:
         while state.batch_in_epoch + self.world <= len(batches) and not self.done():  # a short tail is dropped
             chunk = batches[state.batch_in_epoch: state.batch_in_epoch + cfg.update_freq * self.world]
             group = chunk[self.rank::self.world]  # this process's share of the update
-            batch_group = [collate(self.train_data, idx).to(self.device) for idx in group]
+            batch_group = [self.collate(self.train_data, idx).to(self.device) for idx in group]
             loss, tokens = self.train_step(batch_group)
             state.batch_in_epoch += len(chunk)
             bar.update(len(chunk))
@@ -287,9 +295,9 @@ class Trainer:
     def valid_loss(self) -> float:
         self.model.eval()
         total, n_tokens = 0.0, 0
-        lengths = example_lengths(self.valid_data)
+        lengths = self.example_lengths(self.valid_data)
         for idx in token_batches(lengths, self.cfg.max_tokens, shuffle=False):
-            batch = collate(self.valid_data, idx).to(self.device)
+            batch = self.collate(self.valid_data, idx).to(self.device)
             total += self.loss_sum(batch).item()
             n_tokens += batch.num_target_tokens
         return total / n_tokens
@@ -387,7 +395,7 @@ def load_model(path, device: torch.device | str = "cpu"):
         raise CheckpointError(f"{path}: cannot rebuild a {checkpoint['model_class']} (unknown class or no tokenizer)")
     model = build_model(MODELS[checkpoint["model_class"]], checkpoint, path)
     try:
-        tokenizer = Tokenizer.from_bytes(checkpoint["tokenizer"])
+        tokenizer = model.tokenizer_class.from_bytes(checkpoint["tokenizer"])
     except MsgcoreError as error:
         raise CheckpointError(f"{path}: its tokenizer is unreadable ({error})") from None
     if tokenizer.vocab_size != model.cfg.vocab_size:
