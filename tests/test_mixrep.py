@@ -16,7 +16,7 @@ from msgcore.model import Transformer, TransformerConfig
 from msgcore.models import MODELS
 from msgcore.models.mixrep import (STREAMS, MixDecoderLayer, MixRepBatch, MixRepConfig,
                                    MixRepTransformer, StackedMixDecoderLayer, TokenizerPair, branch_gate,
-                                   co_teaching_targets)
+                                   co_teaching_targets, other)
 from msgcore.trainer import TrainConfig, load_model
 from msgcore.utils import MsgcoreError
 
@@ -176,6 +176,56 @@ def test_with_the_gates_at_zero_the_model_is_two_independent_transformers(branch
     plain = as_transformer(gated, "sp")
     assert not torch.allclose(gated.encode(sources, masks)[1].hidden[masks[1]],
                               plain.encode([sources[1]], [masks[1]])[0].hidden[masks[1]], atol=1e-4)
+
+
+def swapped_stream_key(key):
+    """The state-dict key of the same parameter with the streams' roles exchanged."""
+    if key in ("token_embedding.weight", "bpe_embedding.weight"):
+        return "bpe_embedding.weight" if key.startswith("token") else "token_embedding.weight"
+    parts = key.split(".")
+    return ".".join({"bpe": "sp", "sp": "bpe"}.get(part, part) for part in parts)
+
+
+@pytest.mark.parametrize("variant", [dict(mix_attention_owner="keys"), dict(mix_attention_owner="queries"),
+                                     dict(mixing="stacked", stacked_order="own_first")])
+def test_the_streams_are_symmetric(variant):
+    """Swapping the BPE and SP inputs together with the two streams' parameters swaps the outputs: no stream is
+    treated specially by the equations (one vocabulary size, so the parameters fit either stream)."""
+    model = mixrep(bpe_vocab_size=V_SP, **variant)
+    swapped = mixrep(bpe_vocab_size=V_SP, **variant)
+    state = model.state_dict()
+    swapped.load_state_dict({key: state[swapped_stream_key(key)] for key in swapped.state_dict()})
+    (bpe, sp), (bpe_mask, sp_mask) = two_segmentations()
+    bpe = bpe.clamp(max=V_SP - 1)
+    memory = model.encode([bpe, sp], [bpe_mask, sp_mask])
+    swapped_memory = swapped.encode([sp, bpe], [sp_mask, bpe_mask])
+    for k in range(2):
+        torch.testing.assert_close(swapped_memory[1 - k].hidden, memory[k].hidden)
+    tokens = targets("sp")
+    for stream in STREAMS:
+        torch.testing.assert_close(swapped.decode_stream(other(stream), tokens, swapped_memory).logits,
+                                   model.decode_stream(stream, tokens, memory).logits)
+
+
+def test_a_resumed_run_is_bit_exact_with_the_gates_on(toy, tmp_path):
+    """The gates draw from the torch RNG, which the Trainer's checkpoints restore."""
+    corpus, pair, data = toy
+
+    def trainer(max_steps, out):
+        model = mixrep(vocab_size=pair.sp.vocab_size, bpe_vocab_size=pair.bpe.vocab_size, enc_drop_path=0.5,
+                       dec_drop_path=0.5, dropout=0.1)
+        cfg = TrainConfig(max_steps=max_steps, max_tokens=200, warmup_steps=2, progress=False)
+        return MixRepTrainer(model, pair, data, None, None, cfg, torch.device("cpu"), tmp_path / out)
+
+    straight = trainer(4, "straight")
+    straight.train()
+    first = trainer(2, "resumed")
+    first.train()
+    resumed = trainer(4, "resumed")
+    resumed.resume(tmp_path / "resumed" / "last.pt")
+    resumed.train()
+    for key, value in straight.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[key], value), key
 
 
 def test_drop_path_gate_is_a_per_call_bernoulli_in_training_and_one_minus_p_at_inference():
