@@ -69,7 +69,7 @@ def test_same_recipe_is_reused_and_gives_the_same_weights(toy, tmp_path):
     assert json.loads((tmp_path / "b" / "run.json").read_text())["reused"] is True
 
 
-@pytest.mark.parametrize("change", ["lr", "seed", "init", "data"])
+@pytest.mark.parametrize("change", ["lr", "seed", "init", "data", "frozen"])
 def test_any_change_of_recipe_is_a_miss(toy, tmp_path, change):
     train_model(fresh_model(toy), toy, cfg(), torch.device("cpu"), tmp_path / "a")
     model, train_cfg, train = fresh_model(toy), cfg(), None
@@ -79,6 +79,9 @@ def test_any_change_of_recipe_is_a_miss(toy, tmp_path, change):
         train_cfg = cfg(seed=1)
     elif change == "init":
         model = fresh_model(toy, seed=1)
+    elif change == "frozen":  # training only some parameters (TRICE's Table 7) was once served the full run
+        for name, parameter in model.named_parameters():
+            parameter.requires_grad_(name.startswith("decoder."))
     else:
         train = replace(toy.encoded["train"], target=toy.encoded["train"].target[:-1],
                         sources=[s[:-1] for s in toy.encoded["train"].sources])

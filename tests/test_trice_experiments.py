@@ -70,6 +70,7 @@ def test_paired_delta_signs():
     assert delta > 50 and p < 0.05
     delta, _ = paired_delta(refs, worse, refs, "ter", n_samples=200)
     assert delta < 0  # TER: the better system has the lower score
+    assert paired_delta(refs, worse, list(worse), "bleu", n_samples=200) == (0.0, 1.0)  # identical: no evidence
 
 
 def test_freezing_trains_only_the_new_fine_encoder(tmp_path):

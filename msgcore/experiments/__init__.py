@@ -171,8 +171,11 @@ def code_fingerprint(model) -> str:
 def run_key(model, train_cfg: TrainConfig, train: EncodedCorpus, valid: EncodedCorpus, refs: list[str]) -> str:
     """What decides a training run's result (the device does not: a GPU run serves a CPU notebook)."""
     recipe = replace(train_cfg, progress=False, log_every=TrainConfig.log_every)  # neither changes the result
-    return runcache.fingerprint(type(model).__name__, model.cfg, model.state_dict(), recipe, train, valid, refs,
-                                code_fingerprint(model))
+    parts = [type(model).__name__, model.cfg, model.state_dict(), recipe, train, valid, refs, code_fingerprint(model)]
+    frozen = [name for name, parameter in model.named_parameters() if not parameter.requires_grad]
+    if frozen:  # a run that trains only some parameters is another run (appended only then: other keys stay put)
+        parts.append(("frozen", frozen))
+    return runcache.fingerprint(*parts)
 
 
 def train_model(model, data: TranslationData, train_cfg: TrainConfig, device: torch.device,
@@ -244,6 +247,8 @@ def paired_delta(references: list[str], baseline: list[str], system: list[str], 
     """(system - baseline score, paired-bootstrap p-value) for one metric (sacrebleu's PairedTest)."""
     from msgcore.metrics import paired_test
 
+    if list(system) == list(baseline):  # sacrebleu's bootstrap reports p = 0.001 for two identical outputs
+        return 0.0, 1.0
     _, results = paired_test(references, {"baseline": baseline, "system": system}, metrics=(metric,),
                              n_samples=n_samples)
     base, other = next(value for key, value in results.items() if key != "System")  # keyed by sacrebleu's name
