@@ -592,10 +592,11 @@ def heatmap_example(ch: Chapter, model: PostechAPE, max_pieces: int = 14) -> tup
     return pieces[0], pieces[1], weights
 
 
-def case_studies(src: list[str], mt: list[str], refs: list[str], hyps: list[str]) -> list[dict]:
-    """The edited sentence with the largest TER gain and the one with the largest loss."""
+def case_studies(src: list[str], mt: list[str], refs: list[str], hyps: list[str], max_words: int = 30) -> list[dict]:
+    """Among the edited sentences of at most `max_words` words whose MT is not beyond repair (TER <= 100), the one
+    with the largest TER gain and the one with the largest loss."""
     before, after = sentence_ter(mt, refs), sentence_ter(hyps, refs)
-    edited = [i for i in range(len(mt)) if hyps[i] != mt[i]]
+    edited = [i for i in range(len(mt)) if hyps[i] != mt[i] and before[i] <= 100 and len(refs[i].split()) <= max_words]
     if not edited:
         return []
     picks = {"largest gain": min(edited, key=lambda i: after[i] - before[i]),
