@@ -82,3 +82,25 @@ def test_reconstruction_bleu_is_100_for_a_perfect_copier_and_low_for_a_bad_one(t
     torch.manual_seed(0)
     untrained = TriceTransformer(model_config(data, SCALE, fine_layers=0)).eval()
     assert reconstruction_bleu(untrained, data.tokenizer, texts, CPU)["xa"] < 50
+
+
+def test_analysis_variants_train_on_the_analysis_budget_beside_their_own_reference(tmp_path):
+    """Tables 5-7 on a budget of their own: every variant, and TRICE itself as their reference, gets exactly the
+    `analysis` updates; without one, APE's TRICE run is the reference (no retraining)."""
+    import types
+    from dataclasses import replace
+
+    from msgcore.experiments.trice import analysis_runs, fixed_steps
+
+    data = toy_data(tmp_path)
+    pretrained = pretrain(toy_tasks(data), SCALE, CPU, tmp_path / "pre").model
+    stage1, stage2 = train_trice(pretrained, data, SCALE, CPU, tmp_path / "trice")
+    ape = {"TRICE stage 1": stage1, "TRICE": stage2}
+    analysis = fixed_steps(replace(STEPS, max_epochs=50), 3)
+    ch = types.SimpleNamespace(scale=replace(SCALE, analysis=analysis), tasks={"ape": data}, out_dir=tmp_path / "a",
+                               device=CPU, seed=0, pretrained=pretrained)
+    runs = analysis_runs(ch, ape)
+    assert runs["Fine encoder (N_f = 1)"] is not stage2
+    assert {max(r["step"] for r in run.history) for run in runs.values()} == {3}
+    ch.scale = SCALE
+    assert analysis_runs(ch, ape)["Fine encoder (N_f = 1)"] is stage2

@@ -47,7 +47,9 @@ class TriceScale:
     pretrain: TrainConfig  # stage 0: denoising; validates on clean held-out sentences (copy BLEU)
     finetune: TrainConfig  # one finetuning run (a baseline, MBART-TRANS, DualBART): early stopping on dev BLEU
     stage1: TrainConfig  # TRICE stage 1 (single-source finetuning), its own early-stopped budget
-    stage2: TrainConfig  # TRICE stage 2 (and every stage-2 variant of Tables 5-7)
+    stage2: TrainConfig  # TRICE stage 2 (and every stage-2 variant of Tables 5-7 unless `analysis` is set)
+    analysis: TrainConfig | None = None  # stage 2 of the Tables 5-7 variants and of their N_f = 1 reference
+    #                                      (None = `stage2`, and APE's TRICE run is the reference)
     vocab_size: int = 8000  # the joint sentencepiece vocabulary of all tasks and languages
     pretrain_sentences: int = 0  # monolingual sentences per language side for stage 0 (0 = all)
     pretrain_copy_ratio: float = 0.2  # share of clean (unmasked) pre-training examples (msgcore.noising)
@@ -85,15 +87,18 @@ TRICE_SCALES: dict[str, TriceScale] = {
     "small": TriceScale(
         "tiny", dict(dropout=0.1),
         pretrain=_ft(2400, every=600, max_tokens=2048, lr=2e-3, warmup_steps=150, valid_max_sentences=200),
-        finetune=_ft(300, every=100, patience=1, lr=5e-4),
-        stage1=_ft(150, every=75, patience=1, lr=5e-4), stage2=_ft(250, every=125, patience=1, lr=5e-4),
+        finetune=_ft(300, every=100, patience=1, lr=5e-4, valid_max_sentences=100),
+        stage1=_ft(150, every=75, patience=1, lr=5e-4, valid_max_sentences=100),
+        stage2=_ft(250, every=125, patience=1, lr=5e-4, valid_max_sentences=100),
+        analysis=_ft(125, lr=5e-4, valid_max_sentences=100),
         vocab_size=6000, pretrain_sentences=12000, heldout_sentences=50, pretrain_copy_ratio=0.5, fine_lr=1e-3,
-        beam_size=1, analysis_examples=300, ted_test_documents=6, seeds=(0, 1, 2), budget_total=300,
-        budget_splits=(0, 100),
+        beam_size=1, analysis_examples=300, ted_test_documents=6, seeds=(0, 1, 2), budget_total=240,
+        budget_splits=(0, 80),
         notes="2 CPU threads: the `tiny` preset (2M parameters), at most 2,400 denoising updates (the checkpoint "
               "that reconstructs held-out text best is kept), then every finetuning run early-stopped on dev BLEU "
-              "within its own cap (300 updates; TRICE 150 + 250); greedy decoding. About 9,000 updates at most in "
-              "all: an estimate of 35-50 minutes, over the 30-minute budget; see the chapter's scale table."),
+              "(first 100 dev sentences) within its own cap (300 updates; TRICE 150 + 250); the Tables 5-7 variants "
+              "get 125 stage-2 updates each, beside an N_f = 1 reference on the same budget; greedy decoding. "
+              "About 8,000 updates in all: 25-28 minutes on 2 quiet threads."),
     "full": TriceScale(
         "small", dict(dropout=0.1),
         pretrain=_ft(30000, every=3000, max_tokens=8192, lr=7e-4, warmup_steps=2000, valid_max_sentences=500),
@@ -592,14 +597,18 @@ ANALYSIS_VARIANTS = {
 
 
 def analysis_runs(ch: Chapter, ape: dict[str, RunResult]) -> dict[str, RunResult]:
-    """Tables 5-7: name -> stage-2 run on APE. TRICE itself (N_f = 1, all parameters) is ape["TRICE"];
-    "– gradual finetuning" starts stage 2 from the pre-trained model; "The fine encoder" freezes the rest."""
-    stage1, data, out = ape["TRICE stage 1"].model, ch.tasks["ape"], ch.out_dir
-    runs = {name: train_stage2(stage1, data, ch.scale, ch.device, out / f"ape-var-{i}", ch.seed, **fields)
+    """Tables 5-7: name -> stage-2 run on APE, each on the scale's `analysis` budget (default: stage 2's).
+    "Fine encoder (N_f = 1)" is TRICE itself (all parameters): APE's TRICE run, or a run of its own when the
+    analysis budget differs; "– gradual finetuning" starts stage 2 from the pre-trained model; "The fine
+    encoder" freezes the rest."""
+    stage1, data, out, cfg = ape["TRICE stage 1"].model, ch.tasks["ape"], ch.out_dir, ch.scale.analysis
+    runs = {name: train_stage2(stage1, data, ch.scale, ch.device, out / f"ape-var-{i}", ch.seed, cfg, **fields)
             for i, (name, fields) in enumerate(ANALYSIS_VARIANTS.items())}
+    runs["Fine encoder (N_f = 1)"] = ape["TRICE"] if cfg is None else train_stage2(
+        stage1, data, ch.scale, ch.device, out / "ape-var-reference", ch.seed, cfg)
     runs["– gradual finetuning"] = train_stage2(ch.pretrained, data, ch.scale, ch.device, out / "ape-no-gradual",
-                                                ch.seed)
-    runs["The fine encoder"] = train_stage2(stage1, data, ch.scale, ch.device, out / "ape-fine-only", ch.seed,
+                                                ch.seed, cfg)
+    runs["The fine encoder"] = train_stage2(stage1, data, ch.scale, ch.device, out / "ape-fine-only", ch.seed, cfg,
                                             freeze_old=True)
     return runs
 
