@@ -180,9 +180,10 @@ def run_key(model, train_cfg: TrainConfig, train: EncodedCorpus, valid: EncodedC
 
 def train_model(model, data: TranslationData, train_cfg: TrainConfig, device: torch.device,
                 out_dir: str | Path, train: EncodedCorpus | None = None,
-                valid: EncodedCorpus | None = None) -> RunResult:
+                valid: EncodedCorpus | None = None, trainer_class: type[Trainer] = Trainer) -> RunResult:
     """Train `model` on data.encoded["train"] (or `train`), validate on "val" (or `valid`, same
-    references), and reload the checkpoint with the best dev BLEU.
+    references), and reload the checkpoint with the best dev BLEU. `trainer_class` is a Trainer whose hooks
+    collate the data's examples (e.g. msgcore.experiments.mixrep.MixRepTrainer for two segmentations).
 
     The run goes through the run cache (msgcore.runcache): a finished run with the same key is loaded
     instead of trained, an interrupted one resumes from its last.pt. `out_dir/run.json` points at the entry."""
@@ -194,7 +195,7 @@ def train_model(model, data: TranslationData, train_cfg: TrainConfig, device: to
     if meta is not None:
         result = load_finished_run(model, folder, meta, device)
     else:
-        result = run_training(model, data, train_cfg, device, folder, train, valid, refs)
+        result = run_training(model, data, train_cfg, device, folder, train, valid, refs, trainer_class)
         if entry:
             (folder / "last.pt").unlink(missing_ok=True)  # the optimizer state is not needed once finished
             runcache.mark_finished(folder, ["best.pt", "log.json"], wall_time_s=result.wall_time_s,
@@ -206,8 +207,9 @@ def train_model(model, data: TranslationData, train_cfg: TrainConfig, device: to
 
 
 def run_training(model, data: TranslationData, train_cfg: TrainConfig, device: torch.device, folder: Path,
-                 train: EncodedCorpus, valid: EncodedCorpus, refs: list[str]) -> RunResult:
-    trainer = Trainer(model, data.tokenizer, train, valid, refs, train_cfg, device, folder)
+                 train: EncodedCorpus, valid: EncodedCorpus, refs: list[str],
+                 trainer_class: type[Trainer] = Trainer) -> RunResult:
+    trainer = trainer_class(model, data.tokenizer, train, valid, refs, train_cfg, device, folder)
     if (folder / "last.pt").is_file():
         print(f"resuming the interrupted run in {folder}")
         trainer.resume(folder / "last.pt")

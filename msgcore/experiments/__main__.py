@@ -21,6 +21,7 @@ from msgcore.utils import MsgcoreError, resolve_device, seed_everything
 CHAPTERS = {
     "ch00": ("msgcore.experiments", "train_baselines"),
     "ch01": ("msgcore.experiments.trice", "run_chapter"),
+    "ch02": ("msgcore.experiments.mixrep", "run_chapter"),
     "ch03": ("msgcore.experiments.marge", "run_chapter"),
     "ch04": ("msgcore.experiments.postech_ape", "run_chapter"),
     "ch05": ("msgcore.experiments.coverage_nat", "run_chapter"),

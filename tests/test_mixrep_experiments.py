@@ -1,0 +1,227 @@
+"""Chapter 2's recipes (msgcore/experiments/mixrep.py): the scales, chapter 0's run as the SP baseline, the
+co-teaching and self-training data, stage 2, the analyses, and the whole chapter on a toy scale (offline)."""
+import urllib.error
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from msgcore import download
+from msgcore import experiments
+from msgcore.claims import NO_VERDICT, NOT_REPRODUCED, REPRODUCED
+from msgcore.experiments import BASELINE_SCALES, Scale, baseline_data, run_key, train_translation
+from msgcore.experiments import mixrep as mx
+from msgcore.experiments.mixrep import BPE, SP
+from msgcore.generation import GenerationConfig
+from msgcore.model import Transformer, preset
+from msgcore.models.mixrep import MixRepTransformer
+from msgcore.trainer import TrainConfig, translate_encoded
+from msgcore.utils import MsgcoreError
+
+CPU = torch.device("cpu")
+STEPS = TrainConfig(lr=3e-3, warmup_steps=2, max_tokens=400, max_epochs=1, max_steps=3, patience=0,
+                    valid_max_sentences=4, log_every=1, progress=False)
+TOY = Scale("tiny", dict(d_model=32, d_ff=64, n_heads=2, encoder_layers=1, decoder_layers=1, dropout=0.0), STEPS,
+            vocab_size=120, train_examples=120, test_examples=6, beam_size=2, max_len=24)
+
+
+@pytest.fixture
+def offline(tmp_path, monkeypatch):
+    """No data files and no network: the smoke path falls back to the seeded toy corpus."""
+    monkeypatch.setenv("MSGCORE_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("MSGCORE_DATA_MIRROR", "")
+    monkeypatch.setattr(download.urllib.request, "urlopen", lambda url, timeout: (_ for _ in ()).throw(
+        urllib.error.URLError("offline")))
+
+
+@pytest.fixture
+def toy_direction(offline):
+    return mx.prepare_direction("de", "en", TOY, 0, allow_synthetic=True)
+
+
+def captured_keys(monkeypatch) -> list[str]:
+    """Replace train_model (in chapter 0's module and chapter 2's) by one that records the run-cache key."""
+    keys = []
+
+    def fake(model, data, cfg, device, out_dir, train=None, valid=None, trainer_class=None):
+        keys.append(run_key(model, cfg, train or data.encoded["train"], valid or data.encoded["val"],
+                            data.corpora["val"].target))
+    monkeypatch.setattr(experiments, "train_model", fake)
+    monkeypatch.setattr(mx, "train_model", fake)
+    return keys
+
+
+# ---- the SP baseline is chapter 0's run ----------------------------------------------------------------
+
+def test_the_narrow_sp_baseline_is_chapter0s_run_and_comes_from_the_cache(toy_direction, tmp_path):
+    chapter0 = baseline_data(TOY, 0, allow_synthetic=True)["De→En"]
+    assert toy_direction.tokenizers.sp.to_bytes() == chapter0.tokenizer.to_bytes()
+    first = train_translation(chapter0, TOY, CPU, tmp_path / "ch00", seed=0)  # chapter 0 ran first
+    ours = mx.train_transformer(toy_direction.data[SP], TOY, CPU, tmp_path / "ch02", 0)
+    assert not first.reused and ours.reused and ours.out_dir == first.out_dir
+    bpe = mx.train_transformer(toy_direction.data[BPE], TOY, CPU, tmp_path / "bpe", 0)
+    assert not bpe.reused  # the BPE baseline is a run of its own
+
+
+@pytest.mark.skipif(download.mirror_dir() is None, reason="no local data mirror")
+def test_at_small_scale_the_narrow_sp_key_is_the_key_chapter_0_trains_under(monkeypatch, tmp_path):
+    """The real `small` recipe on Multi30k, without training: chapter 0's own function and ours ask for one key."""
+    keys = captured_keys(monkeypatch)
+    recipe = BASELINE_SCALES["small"]
+    train_translation(baseline_data(recipe, 0)["De→En"], recipe, CPU, tmp_path, seed=0)
+    direction = mx.prepare_direction("de", "en", recipe, 0)
+    mx.train_transformer(direction.data[SP], recipe, CPU, tmp_path, 0)
+    mx.train_transformer(direction.data[BPE], recipe, CPU, tmp_path, 0)
+    assert keys[0] == keys[1] != keys[2]
+    assert direction.data["mix"].encoded["train"].target == direction.data[SP].encoded["train"].target
+
+
+# ---- scales and options --------------------------------------------------------------------------------
+
+def test_bad_options_are_one_line_errors(monkeypatch):
+    checks = [(lambda: mx.check_options("medium", 0), "unknown scale 'medium'"),
+              (lambda: mx.check_options("small", -1), "seed = -1")]
+    monkeypatch.setitem(mx.MIXREP_SCALES, "odd", replace(mx.MIXREP_SCALES["small"], directions=(("de", "fr"),)))
+    checks.append((lambda: mx.check_options("odd", 0), "unknown direction de→fr"))
+    monkeypatch.setitem(mx.MIXREP_SCALES, "odder", replace(mx.MIXREP_SCALES["small"], extra_directions=(("en", "ja"),)))
+    checks.append((lambda: mx.check_options("odder", 0), "unknown direction en→ja"))
+    for call, message in checks:
+        with pytest.raises(MsgcoreError, match=message) as error:
+            call()
+        assert "\n" not in str(error.value)
+
+
+def test_scales_follow_chapter_0_and_the_wide_baseline_outweighs_mixrep():
+    small, full = mx.MIXREP_SCALES["small"], mx.MIXREP_SCALES["full"]
+    assert mx.chapter_recipe(small) is BASELINE_SCALES["small"]  # every small run is chapter 0's recipe
+    assert small.directions == (("de", "en"),) and small.seeds == 1 and small.baselines == (SP,)
+    assert small.co_teaching is None and small.wide is None and "about 30" in small.notes
+    assert full.seeds == 3 and set(full.directions) == {("de", "en"), ("en", "de")} and BPE in full.baselines
+    assert full.curve_sizes == (5000, 10000) and full.co_teaching.max_epochs == 10
+    assert mx.chapter_recipe(mx.MIXREP_SCALES["smoke"]).train.max_steps == mx.MIXREP_SCALES["smoke"].run_steps
+    for scale in (mx.MIXREP_SCALES["smoke"], full):
+        recipe = mx.chapter_recipe(scale)
+        pair = SimpleNamespace(bpe=SimpleNamespace(vocab_size=8000), sp=SimpleNamespace(vocab_size=8000))
+        mixrep = mx.mixrep_model(pair, recipe, 0).num_params()
+        wide = Transformer(preset(recipe.preset, vocab_size=8000, **{**recipe.model, **scale.wide})).num_params()
+        assert wide >= mixrep, (scale.baseline, wide, mixrep)
+
+
+# ---- data helpers ----------------------------------------------------------------------------------------
+
+def test_both_tokenizations_hold_the_same_sentences(toy_direction):
+    mix, sp, bpe = (toy_direction.data[k] for k in ("mix", SP, BPE))
+    assert mix.encoded["val"].sources[1] == sp.encoded["val"].sources[0]
+    assert mix.encoded["val"].sources[0] == bpe.encoded["val"].sources[0]
+    assert mix.encoded["val"].bpe_target == bpe.encoded["val"].target
+    mx.check_same_text(mix.encoded["val"], toy_direction.tokenizers)
+    short = mx.head(mix.encoded["train"], 5)
+    assert isinstance(short, mx.MixRepCorpus) and len(short) == 5 and len(short.bpe_target) == 5
+    assert len(mx.head(sp.encoded["train"], 7)) == 7
+
+
+def small_train(data, n=8):
+    return replace(data, encoded={**data.encoded, "train": mx.head(data.encoded["train"], n)})
+
+
+def test_co_teaching_data_doubles_the_set_in_the_right_segmentations_and_is_built_once(toy_direction, monkeypatch):
+    pair, data = toy_direction.tokenizers, small_train(toy_direction.data["mix"])
+    model = mx.mixrep_model(pair, TOY, 0).eval()
+    union = mx.co_teaching_data(model, data, 2, CPU)
+    train = data.encoded["train"]
+    assert len(union) == 16 and union.sources == [column * 2 for column in train.sources]
+    assert union.target[:8] == train.target and union.bpe_target[:8] == train.bpe_target
+    batch = mx.collate(train, range(8))
+    texts = {s: model.stream(s).generate(batch.sources, batch.source_masks, train.target_prefix, train.eos_id,
+                                         GenerationConfig(beam_size=2), [0, 2]) for s in ("bpe", "sp")}
+    assert union.target[8:] == pair.sp.encode_batch(pair.bpe.decode_batch(texts["bpe"]))  # y^_{bpe->sp}
+    assert union.bpe_target[8:] == pair.bpe.encode_batch(pair.sp.decode_batch(texts["sp"]))  # y^_{sp->bpe}
+    monkeypatch.setattr(mx, "co_teaching_corpus", lambda *a, **k: pytest.fail("translated the training set twice"))
+    assert mx.co_teaching_data(model, data, 2, CPU).target == union.target  # from the run cache
+
+
+def test_self_training_data_is_the_models_own_translations_built_once(toy_direction, monkeypatch):
+    data = small_train(toy_direction.data[SP])
+    model = mx.transformer(data, TOY, 0).eval()
+    union = mx.self_training_data(model, data, 2, CPU)
+    train, tok = data.encoded["train"], data.tokenizer
+    hyps = translate_encoded(model, tok, train, CPU, GenerationConfig(beam_size=2))
+    assert len(union) == 16 and union.target == train.target + tok.encode_batch(hyps)
+    assert union.sources == [column * 2 for column in train.sources]
+    monkeypatch.setattr(mx, "translate_encoded", lambda *a, **k: pytest.fail("translated the training set twice"))
+    assert mx.self_training_data(model, data, 2, CPU).target == union.target
+
+
+def test_stage_2_starts_from_the_stage_1_model_with_a_fresh_optimizer(toy_direction, tmp_path, monkeypatch):
+    data = small_train(toy_direction.data["mix"], 30)
+    stage1 = mx.train_mixrep(data, TOY, CPU, tmp_path / "s1", 0)
+    union = mx.co_teaching_data(stage1.model, data, 1, CPU)
+    cfg = replace(STEPS, max_steps=2, warmup_steps=4)
+    stage2 = mx.continue_training(stage1, data, union, cfg, CPU, tmp_path / "s2", 0)
+    assert isinstance(stage2.model, MixRepTransformer) and not stage2.reused
+    lrs = [row["lr"] for row in stage2.history if row["kind"] == "train"]
+    assert lrs[0] == pytest.approx(cfg.lr * 2 / 4)  # the warmup starts again (the code's --reset-lr-scheduler)
+    seen = []
+    monkeypatch.setattr(mx, "train_model", lambda model, *a, **k: seen.append(model.state_dict()))
+    mx.continue_training(stage1, data, union, cfg, CPU, tmp_path / "s3", 0)
+    for key, value in stage1.model.state_dict().items():
+        assert torch.equal(seen[0][key], value), key
+
+
+def test_judge_margin_needs_the_papers_margin():
+    assert mx.judge_margin([1.2, 1.1], [0.01, 0.02], 1.0, 0.1, []) == REPRODUCED
+    assert mx.judge_margin([0.6, 0.7], [0.01, 0.02], 1.0, 0.1, []) == NOT_REPRODUCED  # significant, below +1.0
+    assert mx.judge_margin([0.6], [0.01], 0.0, 0.0, []) == REPRODUCED
+
+
+def test_word_segments_group_pieces_by_word():
+    pieces = ["▁Ein", "▁Eis", "f", "ischer", "▁", "hütte"]
+    assert mx.word_segments(pieces) == [("▁Ein",), ("▁Eis", "f", "ischer"), ("▁", "hütte")]
+    assert mx.word_segments(["a", "▁b"]) == [("a",), ("▁b",)]
+
+
+# ---- the chapter on a toy scale ----------------------------------------------------------------------------
+
+@pytest.fixture
+def toy_chapter(offline, tmp_path, monkeypatch):
+    toy_scale = replace(mx.MIXREP_SCALES["smoke"], wide=dict(d_model=64), table2_directions=(("en", "de"),),
+                        co_teaching=replace(STEPS, max_steps=2), curve_sizes=(40,), n_bootstrap=20, run_steps=0,
+                        test_examples=None, table8_vocab=1000)
+    monkeypatch.setitem(mx.MIXREP_SCALES, "smoke", toy_scale)
+    monkeypatch.setitem(BASELINE_SCALES, "smoke", TOY)
+    return mx.run_chapter("smoke", CPU, tmp_path / "ch02", 0)
+
+
+def test_the_whole_chapter_runs_judges_every_claim_and_analyses_on_a_toy_scale(toy_chapter):
+    ch = toy_chapter
+    systems = {(d, system, column) for d, system, column, _ in ch.runs}
+    for system in (mx.NARROW, mx.WIDE, mx.MIXREP, mx.COTEACH, mx.STACKED, mx.SELF_TRAIN, mx.QUERY_OWNED):
+        assert ("De→En", system, SP) in systems and ("De→En", system, BPE) in systems, system
+    assert ("En→De", mx.NARROW, BPE) in systems and ("De→En", mx.table8_system(ch.scale), "BPE-1k") in systems
+    assert ch.runs["De→En", mx.MIXREP, SP, 0].run is ch.runs["De→En", mx.MIXREP, BPE, 0].run  # two decoders
+    assert ch.runs["De→En", mx.QUERY_OWNED, SP, 0].run.model.cfg.mix_attention_owner == "queries"
+    assert ch.runs["De→En", mx.STACKED, SP, 0].run.model.cfg.mixing == "stacked"
+    assert len(ch.co_teaching["De→En", 0]) == 2 * len(ch.primary.data["mix"].encoded["train"])
+    assert ch.runs["De→En", mx.NARROW, SP, 0].run.reused is False  # no chapter 0 run in this cache
+    claims, not_run = mx.chapter_claims(ch)
+    assert len(claims) + len(not_run) == len(mx.chapter_specs(ch)) + 2 and not not_run
+    assert all(c.verdict.startswith(NO_VERDICT) for c in claims)  # a toy model passes no gate
+    table = mx.results_table(ch, {mx.NARROW: "Transformer_256", mx.COTEACH: "+ co-teaching"}, mx.PAPER_TABLE3,
+                             ["De→En"])
+    assert table[0]["De→En SP, paper"] == 34.39 and table[1]["De→En BPE, paper"] == 36.41
+    assert len(mx.outputs(ch, "De→En", mx.MIXREP, BPE)) == len(mx.references(ch, "De→En")) == 6
+    # the analyses
+    rows = mx.tokenization_table(ch.primary)
+    val = ch.primary.data["mix"].corpora["val"]
+    assert [r["language"] for r in rows] == [*val.source_langs, val.target_lang]
+    assert all(0 <= r["words segmented differently (%)"] <= 100 for r in rows)
+    model = ch.runs["De→En", mx.MIXREP, SP, 0].run.model
+    i = mx.heatmap_index(ch.primary, "test_2016_flickr")
+    queries, keys, weights = mx.mix_attention_map(model, ch.primary.data["mix"], "test_2016_flickr", i)
+    assert weights.shape == (len(queries), len(keys))
+    torch.testing.assert_close(weights.sum(-1), torch.ones(len(queries)))
+    refs = mx.references(ch, "De→En")
+    systems = {"a": mx.outputs(ch, "De→En", mx.NARROW, SP), "b": mx.outputs(ch, "De→En", mx.MIXREP, SP)}
+    cases = mx.case_studies(refs, refs, systems, "a", "b")
+    assert [c["case"] for c in cases] == ["largest gain", "largest loss"]
