@@ -192,7 +192,8 @@ def time_to_reach(curve: list[dict], bleu: float) -> float | None:
             rise = point["test BLEU"] - previous["test BLEU"]
             if rise <= 0:
                 return point["minutes"] if previous["test BLEU"] < bleu else previous["minutes"]
-            return previous["minutes"] + (bleu - previous["test BLEU"]) / rise * (point["minutes"] - previous["minutes"])
+            share = (bleu - previous["test BLEU"]) / rise
+            return previous["minutes"] + share * (point["minutes"] - previous["minutes"])
         previous = point
     return None
 
@@ -466,9 +467,9 @@ def hf_translate(model, tokenizer, sources: list[str], beam: int) -> list[str]:
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
         batch = tokenizer.pad({"input_ids": [ids[i] for i in chunk]}, return_tensors="pt")
-        config = GenerationConfig(num_beams=beam, do_sample=False, max_new_tokens=int(1.2 * batch["input_ids"].size(1)) + 10,
-                                  decoder_start_token_id=2, bos_token_id=0, eos_token_id=2, pad_token_id=1,
-                                  length_penalty=1.0)
+        config = GenerationConfig(num_beams=beam, do_sample=False, length_penalty=1.0,
+                                  max_new_tokens=int(1.2 * batch["input_ids"].size(1)) + 10,
+                                  decoder_start_token_id=2, bos_token_id=0, eos_token_id=2, pad_token_id=1)
         with torch.no_grad():
             generated = model.generate(**batch, generation_config=config)
         for i, text in zip(chunk, tokenizer.batch_decode(generated, skip_special_tokens=True)):
@@ -628,12 +629,18 @@ def verdict(report: dict) -> list[str]:
     if not cmp:
         return ["No comparison: it needs msgcore and at least one peer that finished."]
     fraction = cmp["time fraction"]
-    reach = (f"msgcore reaches it after {cmp['msgcore minutes to reach it']:.2f} minutes of training, "
-             f"{fraction:.2f}x that peer's {cmp['best peer minutes']:.2f} minutes" if fraction is not None
-             else "msgcore does not reach it within the budget")
-    return [f"At {amount(minutes, 'minute')} of training, msgcore is {'above' if cmp['msgcore higher than every peer'] else 'not above'} "
-            f"every peer in test BLEU ({cmp['final decoding']}).",
-            f"The best peer, {NAMES[cmp['best peer']]}, ends at {cmp['best peer greedy BLEU']:.2f} greedy BLEU; {reach}.",
+    if fraction is not None:
+        reach = (f"msgcore reaches it after {cmp['msgcore minutes to reach it']:.2f} minutes of training, "
+                 f"{fraction:.2f}x that peer's {cmp['best peer minutes']:.2f} minutes")
+    elif cmp["msgcore minutes to reach it"] is not None:  # a peer that never left BLEU 0: no time to compare with
+        reach = "every curve starts there, so there is no time to compare"
+    else:
+        reach = "msgcore does not reach it within the budget"
+    above = "above" if cmp["msgcore higher than every peer"] else "not above"
+    return [f"At {amount(minutes, 'minute')} of training, msgcore is {above} every peer in test BLEU "
+            f"({cmp['final decoding']}).",
+            f"The best peer, {NAMES[cmp['best peer']]}, ends at {cmp['best peer greedy BLEU']:.2f} greedy BLEU; "
+            f"{reach}.",
             f"Goal (higher than every peer, and <= {GOAL_TIME_FRACTION}x the best peer's time): "
             f"{'met' if cmp['goal met'] else 'not met'}."]
 
@@ -642,7 +649,8 @@ def markdown(report: dict) -> str:
     env, config = report["environment"], report["config"]
     lines = [f"Device: {env['device']} ({env['cpu']}); torch {env['torch']}, commit {env['git commit']}, "
              f"{env['date']}. Budget: {amount(config['minutes'], 'minute')} of training per toolkit on "
-             f"{amount(config['threads'], 'thread')}; Multi30k De->En, {config['test split']} ({config['test sentences']} sentences).", ""]
+             f"{amount(config['threads'], 'thread')}; Multi30k De->En, {config['test split']} "
+             f"({config['test sentences']} sentences).", ""]
     for name, table in tables(report).items():
         if len(table):
             lines += [f"### {name}", "", table.to_markdown(index=False), ""]
@@ -714,7 +722,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     env = environment(args.threads)
     config = {"minutes": args.minutes, "threads": args.threads, "points": args.points, "curve decoding": "greedy",
-              "final beam": args.final_beam, "test split": TEST_SPLIT, "test sentences": min(args.test_limit, 1000) if args.test_limit else 1000,
+              "final beam": args.final_beam, "test split": TEST_SPLIT,
+              "test sentences": min(args.test_limit, 1000) if args.test_limit else 1000,
               "toolkits": args.toolkits}
     work = Path(tempfile.mkdtemp(prefix="msgcore-peers-"))
     results = {}
@@ -728,10 +737,11 @@ def main(argv: list[str] | None = None) -> int:
             python = sys.executable if toolkit == "msgcore" else str(peers_python(args.venv))
             results[toolkit] = launch(job, python, work / f"{toolkit}.log")
             r = results[toolkit]
-            print(f"{toolkit}: " + (f"failed: {r['error']}" if "error" in r else
-                                    f"test BLEU {final_bleu(r):.2f} ({r['final']['decoding']}), {r['updates']} updates, "
-                                    f"{r['target tokens/s']:.0f} target tokens/s, peak RSS {r['peak RSS (MB)']:.0f} MB, "
-                                    f"{r['wall minutes']:.1f} min wall"), flush=True)
+            summary = (f"failed: {r['error']}" if "error" in r else
+                       f"test BLEU {final_bleu(r):.2f} ({r['final']['decoding']}), {r['updates']} updates, "
+                       f"{r['target tokens/s']:.0f} target tokens/s, peak RSS {r['peak RSS (MB)']:.0f} MB, "
+                       f"{r['wall minutes']:.1f} min wall")
+            print(f"{toolkit}: {summary}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report = {"environment": env, "config": config, "toolkits": results, "comparison": comparison(results)}

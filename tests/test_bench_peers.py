@@ -100,6 +100,9 @@ def test_comparison_misses_the_goal_when_msgcore_is_slower_or_below_a_peer():
     assert cmp["msgcore minutes to reach it"] is None and cmp["time fraction"] is None
     assert not cmp["msgcore higher than every peer"] and not cmp["goal met"]
     assert bench_peers.comparison({"msgcore": below["msgcore"], "hf": {"error": "boom"}}) is None
+    flat = {"msgcore": result([(10, 0.0)], 0.0), "hf": result([(10, 0.0)], 0.0)}  # nobody learned anything yet
+    cmp = bench_peers.comparison(flat)
+    assert cmp["msgcore minutes to reach it"] == 0 and cmp["time fraction"] is None and not cmp["goal met"]
 
 
 def sample_report():
