@@ -96,7 +96,8 @@ def test_scales_follow_chapter_0_and_the_wide_baseline_outweighs_mixrep():
     small, full = mx.MIXREP_SCALES["small"], mx.MIXREP_SCALES["full"]
     assert mx.chapter_recipe(small) is BASELINE_SCALES["small"]  # every small run is chapter 0's recipe
     assert small.directions == (("de", "en"),) and small.seeds == 1 and small.baselines == (SP,)
-    assert small.co_teaching is None and small.wide is None and "about 30" in small.notes
+    assert small.co_teaching is None and small.wide is None
+    assert small.mixrep_train == {"sdpa_backends": ("math",)} and full.mixrep_train == {}  # a kernel, not a recipe
     assert full.seeds == 3 and set(full.directions) == {("de", "en"), ("en", "de")} and BPE in full.baselines
     assert full.curve_sizes == (5000, 10000) and full.co_teaching.max_epochs == 10
     assert mx.chapter_recipe(mx.MIXREP_SCALES["smoke"]).train.max_steps == mx.MIXREP_SCALES["smoke"].run_steps
@@ -225,3 +226,20 @@ def test_the_whole_chapter_runs_judges_every_claim_and_analyses_on_a_toy_scale(t
     systems = {"a": mx.outputs(ch, "De→En", mx.NARROW, SP), "b": mx.outputs(ch, "De→En", mx.MIXREP, SP)}
     cases = mx.case_studies(refs, refs, systems, "a", "b")
     assert [c["case"] for c in cases] == ["largest gain", "largest loss"]
+
+
+def test_the_scale_s_mixrep_overrides_reach_every_mixrep_run_and_no_transformer(monkeypatch, tmp_path):
+    configs = {}
+
+    def fake_train_model(model, data, cfg, device, out_dir, **kw):
+        configs[type(model).__name__] = cfg
+        return SimpleNamespace(model=model)
+    monkeypatch.setattr(mx, "train_model", fake_train_model)
+    pair = SimpleNamespace(bpe=SimpleNamespace(vocab_size=50), sp=SimpleNamespace(vocab_size=50))
+    data = SimpleNamespace(tokenizer=pair)
+    mx.train_mixrep(data, BASELINE_SCALES["small"], CPU, tmp_path, 0,
+                    train_overrides=mx.MIXREP_SCALES["small"].mixrep_train)
+    mx.train_transformer(SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=50, pad_id=0)),
+                         BASELINE_SCALES["small"], CPU, tmp_path, 0)
+    assert configs["MixRepTransformer"].sdpa_backends == ("math",)
+    assert configs["Transformer"] == replace(BASELINE_SCALES["small"].train, seed=0, progress=False)  # chapter 0's

@@ -176,3 +176,34 @@ def test_constant_schedule_and_unknown_schedule_error():
     assert lr_schedule("inverse_sqrt", 100)(99) == 1.0
     with pytest.raises(TrainingError, match="unknown schedule 'cosine'"):
         lr_schedule("cosine", 100)
+
+
+def test_the_math_sdpa_kernel_computes_the_same_loss_and_is_the_one_used(toy, tmp_path, monkeypatch):
+    _, tokenizer, encoded = toy
+    batch = Trainer(tiny_model(tokenizer), tokenizer, encoded, None, None, CFG, CPU, tmp_path).collate(
+        encoded, list(range(8)))
+    fused = Trainer(tiny_model(tokenizer), tokenizer, encoded, None, None, CFG, CPU, tmp_path / "a")
+    math_kernel = Trainer(tiny_model(tokenizer), tokenizer, encoded, None, None,
+                          replace(CFG, sdpa_backends=("math",)), CPU, tmp_path / "b")
+    fused.model.eval(), math_kernel.model.eval()  # no dropout: the two losses must agree
+    assert torch.allclose(fused.loss_sum(batch), math_kernel.loss_sum(batch), rtol=1e-5)
+
+    import torch.nn.functional as F
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):  # the flash kernel is refused inside the context: only MATH may run
+        seen.append(torch.backends.cuda.math_sdp_enabled() and not torch.backends.cuda.flash_sdp_enabled())
+        return real(*args, **kwargs)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    math_kernel.loss_sum(batch)
+    assert seen and all(seen)
+
+
+def test_an_unknown_sdpa_backend_is_refused_before_training(toy, tmp_path):
+    _, tokenizer, encoded = toy
+    for bad in (("fast",), "math"):
+        with pytest.raises(TrainingError, match="unknown sdpa_backends"):
+            Trainer(tiny_model(tokenizer), tokenizer, encoded, None, None, replace(CFG, sdpa_backends=bad), CPU,
+                    tmp_path / "x")
+        assert not (tmp_path / "x").exists() or not any((tmp_path / "x").iterdir())
