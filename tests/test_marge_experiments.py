@@ -89,3 +89,39 @@ def test_train_marge_goes_through_the_run_cache_and_beta_zero_stays_zero(tmp_pat
                                                                     again.model.state_dict().values()))
     control = exp.train_marge(docs, val, tok, scale, torch.device("cpu"), steps=10, change={"beta": 0.0})
     assert not control.reused and control.model.betas() == [0.0]
+
+
+def test_warm_start_copies_every_tensor_of_the_same_name_and_shape_and_nothing_else():
+    from msgcore.models.marge import MargeTransformer
+
+    scale = toy_scale()
+    torch.manual_seed(0)
+    model = MargeTransformer(exp.marge_config(ToyTok({}), scale))
+    torch.manual_seed(1)
+    donor = MargeTransformer(exp.marge_config(ToyTok({}), scale, encoder_layers=1, relevance_layers=1))
+    before = {n: t.clone() for n, t in model.state_dict().items()}
+    copied = exp.warm_start(model, donor)
+    theirs = donor.state_dict()
+    assert copied and "encoder.layers.0.self_attn.q_proj.weight" in copied
+    assert not any(n.startswith("encoder.layers.1.") for n in copied)  # the donor has no second encoder layer
+    for name, t in model.state_dict().items():
+        assert torch.equal(t, theirs[name] if name in copied else before[name]), name
+
+
+def test_the_main_runs_warm_start_and_the_random_init_ablation_does_not(tmp_path, monkeypatch):
+    from msgcore.models.marge import MargeTransformer
+
+    monkeypatch.setenv("MSGCORE_RUNS", str(tmp_path))
+    docs, val = exp.toy_documents(30, seed=0), exp.toy_documents(10, seed=1)
+    tok, scale = ToyTok(docs.vocab), toy_scale()
+    torch.manual_seed(5)
+    donor = MargeTransformer(exp.marge_config(tok, scale))
+    warm = exp.train_marge(docs, val, tok, scale, torch.device("cpu"), steps=0, donor=donor)
+    cold = exp.train_marge(docs, val, tok, scale, torch.device("cpu"), steps=0, donor=donor,
+                           change=exp.ablation("random initialisation (the paper's start)"))
+    for name, t in donor.state_dict().items():  # no update was taken: the warm run is the donor itself
+        assert torch.equal(warm.model.state_dict()[name], t)
+    assert not torch.equal(cold.model.state_dict()["encoder.embed.tokens.weight"],
+                           donor.state_dict()["encoder.embed.tokens.weight"])
+    with pytest.raises(MsgcoreError, match="unknown init 'imagenet'"):
+        exp.train_marge(docs, val, tok, scale, torch.device("cpu"), steps=0, change={"init": "imagenet"})

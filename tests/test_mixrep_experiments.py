@@ -9,7 +9,7 @@ import torch
 
 from msgcore import download
 from msgcore import experiments
-from msgcore.claims import NO_VERDICT, NOT_REPRODUCED, REPRODUCED
+from msgcore.claims import INCONCLUSIVE, NO_VERDICT, NOT_REPRODUCED, REPRODUCED
 from msgcore.experiments import BASELINE_SCALES, Scale, baseline_data, run_key, train_translation
 from msgcore.experiments import mixrep as mx
 from msgcore.experiments.mixrep import BPE, SP
@@ -173,7 +173,8 @@ def test_stage_2_starts_from_the_stage_1_model_with_a_fresh_optimizer(toy_direct
 def test_judge_margin_needs_the_papers_margin():
     assert mx.judge_margin([1.2, 1.1], [0.01, 0.02], 1.0, 0.1, []) == REPRODUCED
     assert mx.judge_margin([0.6, 0.7], [0.01, 0.02], 1.0, 0.1, []) == NOT_REPRODUCED  # significant, below +1.0
-    assert mx.judge_margin([0.6], [0.01], 0.0, 0.0, []) == REPRODUCED
+    assert mx.judge_margin([0.6], [0.01], 0.0, 0.0, []) == INCONCLUSIVE  # one seed: no spread to judge it by
+    assert mx.judge_margin([-1.75], [0.001], 0.0, 0.0, []) == INCONCLUSIVE
 
 
 def test_word_segments_group_pieces_by_word():
