@@ -184,7 +184,7 @@ class MargeScale:
     beam_size: int = 1  # zero-shot and fine-tuned decoding (paper: beam 6)
     label_smoothing: float = 0.1
     min_p_at_1: float = 0.1  # gate: MARGE's cross-lingual P@1 on val must reach this ...
-    min_gain: float = 0.05  # ... and beat the untrained encoder by this much
+    min_gain: float = 0.05  # ... and rise by this much over the run's own start (first refresh)
     min_finetune_bleu: float = 1.0  # gate: the denoiser-initialised TED run must reach this BLEU (fine-tuning works)
     from_denoiser: bool = True  # main runs start from chapter 1's denoiser (`warm_start`); False: random init (§2.1)
     notes: str = ""
