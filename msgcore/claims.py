@@ -8,6 +8,7 @@ The rules, shared by every chapter so that a verdict means the same thing everyw
 3. **A difference smaller than the seed-to-seed spread is inconclusive**, whatever a paired test on one run says.
 4. Otherwise a comparison is **reproduced** when every run (seed) shows the claimed direction with paired-bootstrap
    p < alpha, **not reproduced** when every run is significantly the other way, and **inconclusive** in between.
+   A claim of parity ("no worse than") is reproduced when no run is significantly worse (`judge_no_worse`).
 """
 from __future__ import annotations
 
@@ -73,6 +74,18 @@ def judge_paired(deltas, p_values, higher_is_better: bool = True, alpha: float =
     if all(sign * d < 0 and p < alpha for d, p in zip(deltas, p_values)):
         return NOT_REPRODUCED
     return INCONCLUSIVE
+
+
+def judge_no_worse(deltas, p_values, alpha: float = 0.05, gates=()) -> str:
+    """Verdict on "system is on par with (no worse than) baseline" from per-run (delta, p) pairs: reproduced when
+    no run is significantly worse, not reproduced when every run is, inconclusive in between; rule 1."""
+    deltas, p_values = list(deltas), list(p_values)
+    if len(deltas) != len(p_values) or not deltas:
+        raise ValueError("judge_no_worse needs one p-value per delta, and at least one run")
+    if blocked := failed_gates(gates):
+        return blocked
+    worse = [d < 0 and p < alpha for d, p in zip(deltas, p_values)]
+    return NOT_REPRODUCED if all(worse) else INCONCLUSIVE if any(worse) else REPRODUCED
 
 
 def judge_threshold(value: float, threshold: float, higher_is_better: bool = True, gates=()) -> str:

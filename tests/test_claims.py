@@ -68,3 +68,15 @@ def test_scoreboard_and_counts():
     assert verdict_counts(claims) == {REPRODUCED: 1, NOT_REPRODUCED: 0, INCONCLUSIVE: 1, "no verdict": 1}
     frame = scoreboard(claims)
     assert list(frame.columns) == ["claim", "paper", "ours", "verdict"] and len(frame) == 3
+
+
+def test_a_parity_claim_fails_only_where_runs_are_significantly_worse():
+    from msgcore.claims import judge_no_worse
+
+    assert judge_no_worse([-0.2, 0.3], [0.40, 0.20]) == REPRODUCED  # small, non-significant differences
+    assert judge_no_worse([1.5, 2.0], [0.001, 0.001]) == REPRODUCED  # better is not worse
+    assert judge_no_worse([-1.5, 0.3], [0.001, 0.30]) == INCONCLUSIVE
+    assert judge_no_worse([-1.5, -2.0], [0.001, 0.010]) == NOT_REPRODUCED
+    assert judge_no_worse([0.1], [0.5], gates=[Gate("trained", 0.0, 1.0)]).startswith("no verdict")
+    with pytest.raises(ValueError, match="one p-value per delta"):
+        judge_no_worse([0.1, 0.2], [0.5])

@@ -1,5 +1,7 @@
 """Chapter 3's recipes (msgcore/experiments/marge.py): the language matrices, P@1, the zero-shot layout,
 scales and ablation names, and a cached toy pre-training run."""
+import json
+
 import pytest
 import torch
 
@@ -125,3 +127,123 @@ def test_the_main_runs_warm_start_and_the_random_init_ablation_does_not(tmp_path
                            donor.state_dict()["encoder.embed.tokens.weight"])
     with pytest.raises(MsgcoreError, match="unknown init 'imagenet'"):
         exp.train_marge(docs, val, tok, scale, torch.device("cpu"), steps=0, change={"init": "imagenet"})
+
+
+def test_an_interrupted_pretraining_run_resumes_from_last_pt_to_the_same_weights_and_log(tmp_path, monkeypatch,
+                                                                                          capsys):
+    docs, val = exp.toy_documents(30, seed=0), exp.toy_documents(10, seed=1)
+    tok, scale = ToyTok(docs.vocab), toy_scale()
+    scale.model["dropout"] = 0.1  # the resumed run must also restore the dropout RNG
+    monkeypatch.setenv("MSGCORE_RUNS", str(tmp_path / "whole"))
+    whole = exp.train_marge(docs, val, tok, scale, torch.device("cpu"), steps=12)
+    monkeypatch.setenv("MSGCORE_RUNS", str(tmp_path / "cut"))
+    real_metrics, calls = exp.retrieval_metrics, []
+
+    def crash_at_second_refresh(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:  # the second index period has just begun: last.pt holds the end of the first
+            raise KeyboardInterrupt
+        return real_metrics(*args, **kw)
+
+    monkeypatch.setattr(exp, "retrieval_metrics", crash_at_second_refresh)
+    with pytest.raises(KeyboardInterrupt):
+        exp.train_marge(docs, val, tok, scale, torch.device("cpu"), steps=12)
+    (entry,) = (tmp_path / "cut").glob("run-*")
+    assert (entry / "last.pt").is_file() and not (entry / "meta.json").exists()
+    monkeypatch.setattr(exp, "retrieval_metrics", real_metrics)
+    resumed = exp.train_marge(docs, val, tok, scale, torch.device("cpu"), steps=12)
+    assert "resuming MARGE pre-training" in capsys.readouterr().out and not resumed.reused
+    for name, t in whole.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[name], t), name
+    def strip(log):  # the log without its clock (as JSON, so that the first period's NaN loss compares equal)
+        return json.dumps([{k: v for k, v in row.items() if k != "seconds"} for row in log])
+
+    assert strip(resumed.log) == strip(whole.log)
+    assert not (entry / "last.pt").exists() and (entry / "meta.json").is_file()  # finished: no optimizer state kept
+
+
+def test_a_corrupt_pretraining_checkpoint_is_a_one_line_error(tmp_path):
+    from msgcore.models.marge import MargeTransformer
+    from msgcore.retrieval import BatchConstructor
+    from msgcore.utils import CheckpointError
+
+    docs, scale = exp.toy_documents(30, seed=0), toy_scale()
+    model = MargeTransformer(exp.marge_config(ToyTok(docs.vocab), scale))
+    stream = BatchConstructor(docs.pieces, docs.langs, docs.groups, docs.prefixes, scale.retrieval, exp.BOS, exp.EOS)
+    (tmp_path / "last.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError) as error:
+        exp.pretrain(model, stream, 4, last=tmp_path / "last.pt")
+    assert "\n" not in str(error.value) and "last.pt" in str(error.value)
+
+
+def test_chunk_document_packs_consecutive_aligned_sentences_under_the_budget():
+    english = [[1, 2], [3, 4, 5], [6], [7] * 9, [8]]
+    german = [[11], [12, 13], [14, 15, 16, 17], [18], [19]]
+    chunks = exp.chunk_document(english, german, max_tokens=5)
+    assert chunks == [([1, 2, 3, 4, 5], [11, 12, 13]), ([6], [14, 15, 16, 17]), ([7] * 5, [18]), ([8], [19])]
+    assert all(len(a) <= 5 and len(b) <= 5 for a, b in chunks)  # the 9-piece sentence is truncated, alone
+
+
+class PieceTokenizer:
+    """Stands in for the joint sentencepiece model: one id per whitespace word."""
+
+    def encode_batch(self, texts):
+        return [[5 + len(w) for w in t.split()] for t in texts]
+
+    def lang_id(self, lang):
+        return {"en": 3, "de": 4}[lang]
+
+
+@pytest.mark.skipif(__import__("msgcore.download", fromlist=["x"]).mirror_dir() is None, reason="no local data mirror")
+def test_doc_level_chunks_pair_english_and_german_and_leave_out_the_ted_validation_talks():
+    from msgcore.data import load_doc_level
+    from msgcore.experiments.trice import split_documents_at
+
+    docs = exp.doc_level_documents(PieceTokenizer(), chunks_per_corpus=20, chunk_tokens=40, first_group=1000)
+    assert len(docs) == 2 * 20 * len(exp.DOC_LEVEL_CORPORA) and min(docs.groups) == 1000
+    for group in set(docs.groups):
+        assert sorted(docs.langs[i] for i, g in enumerate(docs.groups) if g == group) == ["de", "en"]
+    assert max(map(len, docs.pieces)) <= 40 and sum(map(len, docs.pieces)) / len(docs) > 15  # several sentences
+    ted = load_doc_level("dev", "ted", skip_empty=True)
+    held_out = split_documents_at(ted, valid_docs=5)[1]
+    every = exp.doc_level_documents(PieceTokenizer(), None, 10 ** 6, 0)  # one chunk per talk: a talk's whole text
+    held_out_talks = {tuple(PieceTokenizer().encode_batch([" ".join(held_out.target[i] for i, d in enumerate(held_out.doc_ids) if d == doc)])[0])
+                      for doc in set(held_out.doc_ids)}
+    assert not held_out_talks & {tuple(p) for p in every.pieces}
+
+
+def test_the_no_bitext_corpus_keeps_one_language_of_every_group():
+    docs = exp.Documents.join(exp.toy_documents(20, seed=0), exp.toy_documents(5, seed=1))
+    assert len(docs) == 50
+    kept = docs.subset(exp.keep_overlap(docs.groups, docs.langs, overlap=0.0))
+    assert len(kept) == len(set(docs.groups)) and len(set(kept.groups)) == len(kept)
+
+
+def test_table5_plan_never_trains_zero_shot_transfer_on_its_test_language():
+    plan = exp.table5_plan()
+    settings = {(r.init, r.setting) for r in plan}
+    assert ("MARGE", "Train One") in settings and ("denoising (mBART stand-in)", "Train All") in settings
+    for run in plan:
+        if run.setting == "Zero-shot Transfer":
+            assert not set(run.test_languages) & set(run.train_languages) and len(run.train_languages) == 2
+        else:
+            assert set(run.test_languages) <= set(run.train_languages)
+
+
+def test_zero_shot_transfer_freezes_embeddings_and_self_only_decoder_layers():
+    from msgcore.models.marge import MargeTransformer
+
+    model = MargeTransformer(exp.marge_config(ToyTok({}), toy_scale()))
+    model.freeze_for_zero_shot_transfer()
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert "token_embedding.weight" in frozen and any(n.startswith("decoder.layers.0.") for n in frozen)
+    assert not any(n.startswith("decoder.layers.1.") or n.startswith("encoder.layers.") for n in frozen)
+
+
+def test_encode_into_english_tags_each_row_with_its_own_language_in_the_denoiser_layout():
+    tok = WordTokenizer()
+    tok.lang_id = lambda lang: {"en": 3, "de": 4, "fr": 5}[lang]
+    marge = exp.encode_into_english(tok, ["de", "fr"], ["1", "2"], ["3", "4"], "marge")
+    assert marge.sources == [[[1, 11, 2], [1, 12, 2]]] and marge.target_prefix == 3
+    denoiser = exp.encode_into_english(tok, ["de", "fr"], ["1", "2"], ["3", "4"], "denoiser")
+    assert denoiser.sources[0][0][-1] == 4 and denoiser.sources[0][1][-1] == 5
