@@ -7,6 +7,8 @@ process, at its own recommended settings for a small Transformer:
     msgcore  chapter 0's `small` recipe (BASELINE_SCALES["small"]): the `small` preset (d=256, 3+3 layers,
              pre-norm), bf16 autocast, AdamW lr 1e-3 with 400 warmup updates and inverse-sqrt decay, 2,048-token
              length-bucketed batches, label smoothing 0.1, joint sentencepiece unigram vocabulary of 8,000
+    msgcore-math  the same recipe with TrainConfig.sdpa_backends=("math",): the same attention on torch's math
+             kernel instead of its fused CPU kernel (faster per step on short sequences under bf16 on CPU)
     joeynmt  JoeyNMT 2.3's Transformer recipe for IWSLT14 De->En (its configs/iwslt14_deen_bpe.yaml: d=256, 6+6
              layers, 4 heads, FFN 1024, dropout 0.3, AdamW lr 3e-4 on a plateau schedule, 4,096-token batches,
              label smoothing 0.1), cased, with the same sentencepiece model as msgcore instead of subword-nmt BPE
@@ -44,8 +46,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
-TOOLKITS = ("msgcore", "joeynmt", "hf")
-NAMES = {"msgcore": "msgcore", "joeynmt": "JoeyNMT", "hf": "Hugging Face transformers"}
+TOOLKITS = ("msgcore", "msgcore-math", "joeynmt", "hf")
+NAMES = {"msgcore": "msgcore", "msgcore-math": "msgcore, math SDPA kernel", "joeynmt": "JoeyNMT",
+         "hf": "Hugging Face transformers"}
+OURS = ("msgcore", "msgcore-math")  # msgcore's rows; every other toolkit is a peer
 SETUP = "bash book/benchmarks/peers/setup.sh"
 DEFAULT_VENV = Path.home() / ".cache" / "msgcore" / "peers-venv"
 TEST_SPLIT = "test_2016_flickr"
@@ -207,10 +211,10 @@ def comparison(results: dict[str, dict], reference: str = "msgcore") -> dict | N
     reach the best peer's BLEU as a fraction of that peer's own time, both read off the greedy curves.
     None when msgcore or every peer is missing."""
     done = {name: r for name, r in results.items() if "error" not in r and r.get("curve")}
-    if reference not in done or len(done) < 2:
+    peers = {name: r for name, r in done.items() if name not in OURS}
+    if reference not in done or not peers:
         return None
     ours = done[reference]
-    peers = {name: r for name, r in done.items() if name != reference}
     rows = [{"peer": name, "msgcore BLEU": final_bleu(ours), "peer BLEU": final_bleu(r),
              "difference": final_bleu(ours) - final_bleu(r),
              "msgcore greedy BLEU": ours["curve"][-1]["test BLEU"], "peer greedy BLEU": r["curve"][-1]["test BLEU"]}
@@ -306,15 +310,19 @@ def msgcore_run(data, scale, job: dict, out_dir: Path, now: Callable[[], float] 
 
 
 def msgcore_worker(job: dict) -> dict:
+    """Chapter 0's `small` recipe; for "msgcore-math" with the math SDPA kernel (TrainConfig.sdpa_backends)."""
     import torch
 
     import msgcore
     from msgcore.experiments import BASELINE_SCALES
 
     data = shared_data(job)
-    out_dir = Path(job["work"]) / "msgcore"
+    scale = BASELINE_SCALES["small"]
+    if job["toolkit"] == "msgcore-math":
+        scale = replace(scale, train=replace(scale.train, sdpa_backends=("math",)))
+    out_dir = Path(job["work"]) / job["toolkit"]
     return {"version": f"{msgcore.__version__}", "torch": torch.__version__,
-            **msgcore_run(data, BASELINE_SCALES["small"], job, out_dir)}
+            **msgcore_run(data, scale, job, out_dir)}
 
 
 def write_lines(path: Path, lines: list[str]) -> None:
@@ -536,7 +544,7 @@ def hf_worker(job: dict) -> dict:
                          "optimizer": args.optim, "max_grad_norm": args.max_grad_norm}}
 
 
-WORKERS = {"msgcore": msgcore_worker, "joeynmt": joeynmt_worker, "hf": hf_worker}
+WORKERS = {"msgcore": msgcore_worker, "msgcore-math": msgcore_worker, "joeynmt": joeynmt_worker, "hf": hf_worker}
 
 
 def run_worker_here(job: dict) -> None:
@@ -610,38 +618,50 @@ def tables(report: dict) -> dict:
                      "peak RSS (MB)": round(r["peak RSS (MB)"]),
                      "test BLEU, greedy": round(r["curve"][-1]["test BLEU"], 2),
                      f"test BLEU, {r['final']['decoding'].split(' (')[0]}": round(final_bleu(r), 2),
-                     "wall minutes": round(r["wall minutes"], 1)})
+                     "wall minutes": round(r["wall minutes"], 1), "run": r.get("run", "–")})
         curves += [{"toolkit": NAMES[name], "minutes": round(p["minutes"], 2), "updates": p["updates"],
                     "target tokens": p["target tokens"], "test BLEU": round(p["test BLEU"], 2)} for p in r["curve"]]
         recipes.append({"toolkit": NAMES[name], "recipe": r["settings"]["recipe"]})
     out = {"toolkits": pd.DataFrame(rows), "recipes": pd.DataFrame(recipes), "curves": pd.DataFrame(curves)}
-    cmp = report.get("comparison")
-    if cmp:
-        out["comparison"] = pd.DataFrame([{"peer": NAMES[r["peer"]], "msgcore BLEU": round(r["msgcore BLEU"], 2),
-                                           "peer BLEU": round(r["peer BLEU"], 2),
-                                           "msgcore - peer": round(r["difference"], 2)} for r in cmp["peers"]])
+    for ours, cmp in comparisons(report).items():
+        key = "comparison" if ours == "msgcore" else f"comparison, {NAMES[ours]}"
+        out[key] = pd.DataFrame([{"peer": NAMES[r["peer"]], "msgcore BLEU": round(r["msgcore BLEU"], 2),
+                                  "peer BLEU": round(r["peer BLEU"], 2),
+                                  "msgcore - peer": round(r["difference"], 2)} for r in cmp["peers"]])
     return out
+
+
+def comparisons(report: dict) -> dict[str, dict]:
+    """msgcore variant -> its comparison with the peers (a report from before the variants has one, "msgcore")."""
+    found = report.get("comparisons") or {"msgcore": report.get("comparison")}
+    return {name: cmp for name, cmp in found.items() if cmp}
 
 
 def verdict(report: dict) -> list[str]:
     """The comparison in sentences (the appendix prints the same)."""
-    cmp, minutes = report.get("comparison"), report["config"]["minutes"]
-    if not cmp:
+    found = comparisons(report)
+    if not found:
         return ["No comparison: it needs msgcore and at least one peer that finished."]
+    return [line for ours, cmp in found.items() for line in verdict_of(cmp, ours, report["config"]["minutes"])]
+
+
+def verdict_of(cmp: dict, ours: str, minutes: float) -> list[str]:
+    """One msgcore variant's comparison in sentences."""
+    name = NAMES[ours]
     fraction = cmp["time fraction"]
     if fraction is not None:
-        reach = (f"msgcore reaches it after {cmp['msgcore minutes to reach it']:.2f} minutes of training, "
+        reach = (f"{name} reaches it after {cmp['msgcore minutes to reach it']:.2f} minutes of training, "
                  f"{fraction:.2f}x that peer's {cmp['best peer minutes']:.2f} minutes")
     elif cmp["msgcore minutes to reach it"] is not None:  # a peer that never left BLEU 0: no time to compare with
         reach = "every curve starts there, so there is no time to compare"
     else:
-        reach = "msgcore does not reach it within the budget"
+        reach = f"{name} does not reach it within the budget"
     above = "above" if cmp["msgcore higher than every peer"] else "not above"
-    return [f"At {amount(minutes, 'minute')} of training, msgcore is {above} every peer in test BLEU "
+    return [f"At {amount(minutes, 'minute')} of training, {name} is {above} every peer in test BLEU "
             f"({cmp['final decoding']}).",
             f"The best peer, {NAMES[cmp['best peer']]}, ends at {cmp['best peer greedy BLEU']:.2f} greedy BLEU; "
             f"{reach}.",
-            f"Goal (higher than every peer, and <= {GOAL_TIME_FRACTION}x the best peer's time): "
+            f"Goal for {name} (higher than every peer, and <= {GOAL_TIME_FRACTION}x the best peer's time): "
             f"{'met' if cmp['goal met'] else 'not met'}."]
 
 
@@ -659,6 +679,23 @@ def markdown(report: dict) -> str:
         if "settings" in r:
             lines += [f"{NAMES[name]}:", "", "```json", json.dumps(r["settings"], indent=1), "```", ""]
     return "\n".join(lines + [""])
+
+
+def earlier_results(path: Path, config: dict, training: list[str]) -> tuple[dict, str | None]:
+    """(the toolkits of the report at `path` that this run does not train, None), or ({}, the reason they cannot
+    be kept): they must have run at the same budget, threads, curve points, final beam and test set."""
+    if not path.is_file():
+        return {}, None
+    try:
+        old = json.loads(path.read_text())
+        old_config, env = old["config"], old["environment"]
+    except (ValueError, KeyError) as error:
+        return {}, f"--merge: {path} is not a peers report ({type(error).__name__})"
+    for key in ("minutes", "threads", "points", "final beam", "test split", "test sentences"):
+        if old_config.get(key) != config[key]:
+            return {}, f"--merge: {path} ran with {key} {old_config.get(key)!r}, this run with {config[key]!r}"
+    return {name: {"run": f"commit {env['git commit']}, {env['date']}", **r}
+            for name, r in old["toolkits"].items() if name not in training}, None
 
 
 def write_report(report: dict, out: Path) -> Path:
@@ -688,6 +725,9 @@ def parse_args(argv):
                         help=f"the peers' venv, made by `{SETUP}` (default $MSGCORE_PEERS_VENV or {DEFAULT_VENV})")
     parser.add_argument("--out", type=Path, default=Path("book/benchmarks/peers"),
                         help="folder for <device>.json and .md (the book's appendix reads it)")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the toolkits of the report already in --out that this run does not train "
+                             "(same budget, threads and test set; each row names the commit and date it ran at)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -704,7 +744,7 @@ def check(args) -> str | None:
             return f"--{name.replace('_', '-')} must be positive, not {getattr(args, name)}"
     if args.test_limit < 0:
         return f"--test-limit must be 0 (all) or positive, not {args.test_limit}"
-    if any(t != "msgcore" for t in args.toolkits) and not peers_python(args.venv).is_file():
+    if any(t not in OURS for t in args.toolkits) and not peers_python(args.venv).is_file():
         return f"the peers' venv {args.venv} is missing: run `{SETUP}` first (or pass --venv)"
     if args.out.exists() and not args.out.is_dir():
         return f"--out {args.out} is a file, not a folder"
@@ -725,6 +765,12 @@ def main(argv: list[str] | None = None) -> int:
               "final beam": args.final_beam, "test split": TEST_SPLIT,
               "test sentences": min(args.test_limit, 1000) if args.test_limit else 1000,
               "toolkits": args.toolkits}
+    earlier = {}
+    if args.merge:
+        earlier, problem = earlier_results(args.out / f"{report_slug(env)}.json", config, args.toolkits)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
     work = Path(tempfile.mkdtemp(prefix="msgcore-peers-"))
     results = {}
     try:
@@ -734,8 +780,9 @@ def main(argv: list[str] | None = None) -> int:
             job = {"toolkit": toolkit, "minutes": args.minutes, "threads": args.threads, "points": args.points,
                    "curve_beam": 1, "final_beam": args.final_beam, "test_limit": args.test_limit, "seed": 0,
                    "work": str(work), "result": str(work / f"{toolkit}.json")}
-            python = sys.executable if toolkit == "msgcore" else str(peers_python(args.venv))
-            results[toolkit] = launch(job, python, work / f"{toolkit}.log")
+            python = sys.executable if toolkit in OURS else str(peers_python(args.venv))
+            results[toolkit] = {**launch(job, python, work / f"{toolkit}.log"),
+                                "run": f"commit {env['git commit']}, {env['date']}"}
             r = results[toolkit]
             summary = (f"failed: {r['error']}" if "error" in r else
                        f"test BLEU {final_bleu(r):.2f} ({r['final']['decoding']}), {r['updates']} updates, "
@@ -744,7 +791,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{toolkit}: {summary}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report = {"environment": env, "config": config, "toolkits": results, "comparison": comparison(results)}
+    results = {**earlier, **results}
+    config["toolkits"] = list(results)
+    found = {ours: comparison(results, ours) for ours in OURS if ours in results}
+    report = {"environment": env, "config": config, "toolkits": results, "comparison": found.get("msgcore"),
+              "comparisons": found}
     print(write_report(report, args.out).with_suffix(".md").read_text())
     return 1 if any("error" in r for r in results.values()) else 0
 

@@ -184,3 +184,33 @@ def test_the_budget_stops_a_msgcore_run(tmp_path):
     assert out["curve"][-1]["minutes"] * 60 >= 6.0
     assert out["evaluation minutes (left out)"] * 60 == pytest.approx(0.5)
     assert out["final"]["decoding"] == "beam 2" and 0 <= out["final"]["test BLEU"] <= 100
+
+
+def test_each_msgcore_variant_is_compared_with_the_peers_only():
+    results = {"msgcore": result([(5, 20), (10, 30)], 31.0), "msgcore-math": result([(2, 20), (10, 33)], 34.0),
+               "hf": result([(5, 15), (10, 25)], 26.0)}
+    fused, math = bench_peers.comparison(results, "msgcore"), bench_peers.comparison(results, "msgcore-math")
+    assert [r["peer"] for r in fused["peers"]] == ["hf"] and [r["peer"] for r in math["peers"]] == ["hf"]
+    assert math["time fraction"] < fused["time fraction"]
+    assert bench_peers.comparison({k: results[k] for k in ("msgcore", "msgcore-math")}) is None  # no peer
+    report = {**sample_report(), "comparisons": {"msgcore": fused, "msgcore-math": math}}
+    lines = bench_peers.verdict(report)
+    assert sum(line.startswith("Goal for msgcore,") for line in lines) == 1 and len(lines) == 6
+    assert {"comparison", "comparison, msgcore, math SDPA kernel"} <= set(bench_peers.tables(report))
+
+
+def test_merge_keeps_the_earlier_toolkits_this_run_does_not_train_and_refuses_another_budget(tmp_path, capsys,
+                                                                                          monkeypatch):
+    report = sample_report()
+    path = bench_peers.write_report(report, tmp_path)
+    kept, problem = bench_peers.earlier_results(path, report["config"], ["msgcore"])
+    assert problem is None and set(kept) == {"joeynmt", "hf"}
+    assert kept["joeynmt"]["run"] == "commit abc1234, today"
+    _, problem = bench_peers.earlier_results(path, {**report["config"], "minutes": 5.0}, ["msgcore"])
+    assert "minutes 10.0" in problem and "5.0" in problem
+    assert bench_peers.earlier_results(tmp_path / "none.json", report["config"], ["msgcore"]) == ({}, None)
+    monkeypatch.setattr(bench_peers, "launch", lambda *a: pytest.fail("a worker started"))
+    monkeypatch.setattr(bench_peers, "report_slug", lambda env: path.stem)
+    assert bench_peers.main(["--toolkits", "msgcore-math", "--merge", "--minutes", "3", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --merge") and err.count("\n") == 1
