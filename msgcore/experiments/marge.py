@@ -284,7 +284,7 @@ class MargeScale:
     doc_chunks: int | None = 0  # chunk pairs per doc-level corpus (TED/NC/Europarl dev) in the corpus; None = all
     chunk_tokens: int = 64  # pieces per chunk, at most (`chunk_document`)
     table5_images: int = 0  # Table 5 protocol: X->en fine-tuning pairs per language (Multi30k's last N training images)
-    table5_steps: int = 0  # updates of each Table 5 fine-tuning run (0 = the protocol is not run)
+    table5_steps: int = 0  # Table 5 fine-tuning updates per training language of a run (0 = the protocol is not run)
     notes: str = ""
 
 
@@ -308,12 +308,14 @@ MARGE_SCALES: dict[str, MargeScale] = {
              decoder_self_only_layers=1, decoder_d_ff=1024, beta_init=10.0, relevance_pooling="mean", dropout=0.1),
         images=1000, shard_images=4, retrieval=RetrievalConfig(refresh_every=150, max_tokens=300, max_docs=8),
         steps=2500, lr=1e-3, warmup=100, finetune=_ft(600, max_tokens=1536), ablation_steps=1000,
-        seeds=(0, 1, 2), val_images=300, eval_sentences=300, doc_chunks=100, table5_images=4000, table5_steps=400,
+        seeds=(0, 1, 2), val_images=300, eval_sentences=300, doc_chunks=100, table5_images=4000, table5_steps=150,
         notes="2 CPU threads: a 2.4M-parameter MARGE (d=128, 3 encoder layers, relevance from layer 2, decoder 1 "
               "self-only + 2 cross-attention layers), warm-started from chapter 1's denoising model, pre-trained for "
-              "2,500 updates (3 seeds) on the captions of 1,000 Multi30k images in 4 languages (4,000 documents), "
+              "2,500 updates (3 seeds) on the captions of 1,000 Multi30k images in 4 languages and 100 en+de chunk pairs "
+              "of each doc-level dev set (4,600 documents), "
               "shards of 4 images, index refreshed every 150 updates; ablations (random initialisation among them) at "
-              "1,000 updates; 600-update fine-tuning on TED; greedy decoding; 300 test captions per language."),
+              "1,000 updates; 600-update fine-tuning on TED; Table 5's protocol with 150 fine-tuning updates per language; "
+              "greedy decoding; 300 test captions per language."),
     "full": MargeScale(
         dict(d_model=256, n_heads=4, d_ff=1024, encoder_layers=4, decoder_layers=4, relevance_layers=2,
              decoder_self_only_layers=1, decoder_d_ff=2048, beta_init=10.0, relevance_pooling="mean", dropout=0.1),
@@ -321,7 +323,7 @@ MARGE_SCALES: dict[str, MargeScale] = {
         steps=20000, lr=5e-4, warmup=1000, finetune=_ft(4000, max_tokens=4096, lr=3e-4, patience=4,
                                                          validate_every=500), ablation_steps=8000,
         seeds=(0, 1, 2), val_images=1014, eval_sentences=1000, beam_size=6, doc_chunks=None, chunk_tokens=128,
-        table5_images=10000, table5_steps=3000,
+        table5_images=10000, table5_steps=1000,
         notes="One GPU: d=256 (about 12M parameters), warm-started from chapter 1's denoising model, every Multi30k "
               "training caption (116k documents), index "
               "refreshed every 1,000 updates; beam 6 as in the paper."),
@@ -772,10 +774,10 @@ def table5_runs(ch: MargeChapter, out_dir) -> None:
     """Every fine-tuning run of `table5_plan`, through the run cache; ch.table5[i] = (Table5Run, RunResult, layout)."""
     from msgcore.experiments import train_model
 
-    cfg = replace(ch.scale.finetune, max_steps=ch.scale.table5_steps, seed=ch.seed,
-                  warmup_steps=max(ch.scale.table5_steps // 10, 1), validate_every=max(ch.scale.table5_steps // 2, 1),
-                  log_every=max(ch.scale.table5_steps // 10, 1))
     for i, run in enumerate(table5_plan()):
+        steps = ch.scale.table5_steps * len(run.train_languages)  # every language gets the same number of updates
+        cfg = replace(ch.scale.finetune, max_steps=steps, seed=ch.seed, warmup_steps=max(steps // 10, 1),
+                      validate_every=max(steps // 2, 1), log_every=max(steps // 10, 1))
         model, layout = table5_model(ch, run)
         data = table5_data(ch, run.train_languages, layout)
         ch.table5.append((run, train_model(model, data, cfg, ch.device, Path(out_dir) / f"table5-{i}"), layout))
