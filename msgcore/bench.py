@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel
 
 from msgcore.attention import attention_math, causal_mask
 from msgcore.batching import collate, encode_corpus, example_lengths, padding_efficiency, token_batches
@@ -161,6 +162,16 @@ def math_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **_):
     return attention_math(q, k, v, attn_mask, dropout_p)[0]
 
 
+def kernels(spec: dict):
+    """torch's SDPA kernels a spec asks for (its "sdpa_backends", as TrainConfig.sdpa_backends), else torch's choice."""
+    import contextlib
+
+    from msgcore.trainer import Trainer
+
+    names = spec.get("sdpa_backends")
+    return sdpa_kernel(Trainer.resolve_sdpa_backends(names)) if names else contextlib.nullcontext()
+
+
 def train_worker(spec: dict, cfg: BenchConfig) -> dict:
     device = resolve_device(cfg.device)
     tokenizer, train, _ = multi30k(cfg)
@@ -183,9 +194,10 @@ def train_worker(spec: dict, cfg: BenchConfig) -> dict:
             torch.cuda.reset_peak_memory_stats(device)
         sync(device)
         start = time.perf_counter()
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = summed_loss(spec["library"], model, batch) / batch.num_target_tokens
-        loss.backward()
+        with kernels(spec):  # the backward pass runs on the same kernels as the forward
+            with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+                loss = summed_loss(spec["library"], model, batch) / batch.num_target_tokens
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -270,6 +282,9 @@ def plan(presets: list[str], device: torch.device, skip_hf: bool, with_compile: 
                    ablation="fp32" if dtype == "bf16" else "bf16 autocast"),
               dict(kind="decode", **ablation, beam=1, batch=64, cache=False,
                    ablation="no KV cache (greedy re-runs the prefix)")]
+    if dtype == "fp32":  # on a CPU the chapters train under bf16 autocast: what torch's math kernel buys there
+        specs.append(dict(kind="train", **{**ablation, "dtype": "bf16"}, sdpa_backends=["math"], against="bf16 autocast",
+                          ablation="bf16 autocast + torch's math SDPA kernel (against bf16 autocast)"))
     if with_compile:
         specs.append(dict(kind="train", **ablation, compile=True, ablation="torch.compile"))
     return specs
@@ -346,6 +361,8 @@ def ablation_rows(rows: list[dict], plain: list[dict]) -> list[dict]:
     out = []
     for r in rows:
         base = _twin(plain, r, library="msgcore") if "ablation" in r else None
+        if "against" in r:  # a change on top of another ablation is measured against that ablation's row
+            base = next((x for x in rows if x.get("ablation") == r["against"]), None)
         if base:
             metric = _metric(r)
             out.append({"measurement": r["kind"], "preset": r["preset"], "change": r["ablation"],

@@ -71,3 +71,27 @@ def test_an_unknown_preset_is_refused_before_any_work(tmp_path, capsys):
     assert bench.main(["--presets", "huge", "--skip-hf", "--out", str(tmp_path / "out")]) == 2
     assert "unknown preset 'huge'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_change_on_top_of_an_ablation_is_measured_against_that_ablations_row():
+    base = dict(kind="train", library="msgcore", preset="small", dtype="fp32", **{"target tokens/s": 300.0})
+    bf16 = {**base, "dtype": "bf16", "ablation": "bf16 autocast", "target tokens/s": 480.0}
+    stacked = {**bf16, "sdpa_backends": ["math"], "against": "bf16 autocast", "ablation": "bf16 + math kernel",
+               "target tokens/s": 720.0}
+    for row in (base, bf16, stacked):
+        row.update({"peak memory (MB)": 1.0, "parameters (M)": 1.0, "model TFLOP/s": 0.1})
+    table = bench.tables({"rows": [base, bf16, stacked], "ratios": [], "padding": {}})["ablations"]
+    assert list(table["msgcore as is"]) == [300, 480] and list(table["speed with / without the change"]) == [1.6, 1.5]
+    specs = bench.plan(["small"], torch.device("cpu"), skip_hf=True, with_compile=False)
+    (row,) = [s for s in specs if "against" in s]
+    assert row["sdpa_backends"] == ["math"] and row["dtype"] == "bf16"
+    assert any(s.get("ablation") == row["against"] for s in specs)  # its base row is measured too
+
+
+def test_the_kernel_choice_of_a_spec_is_checked_like_the_trainers():
+    from msgcore.utils import TrainingError
+
+    with pytest.raises(TrainingError, match="unknown sdpa_backends"):
+        bench.kernels({"sdpa_backends": ["fastest"]})
+    with bench.kernels({}):  # no choice: torch's own
+        pass
