@@ -10,7 +10,9 @@ What is measured; every measurement runs in a fresh worker process, so that both
     padding   real tokens / padded slots of token-budget (length-bucketed) batches vs random batches
     mfu       on CUDA: model FLOPs utilisation of training, FLOPs counted analytically (`train_flops`)
     ablation  msgcore with one optimisation turned off (SDPA, KV cache, length bucketing, bf16) or on
-              (torch.compile), to show what each buys
+              (torch.compile, torch's math SDPA kernel under bf16), to show what each buys
+    profile   where the time of training and beam-5 decoding goes, for both libraries (torch.profiler): the
+              share of matrix multiplications, fused attention kernels, other ops and code outside any op
 `transformers` is needed for the comparison rows only (`pip install transformers`); the book does not need it.
 # Deviation from a like-for-like graph: BART adds a LayerNorm on the embeddings and learned positions, and
 # is post-norm; msgcore is pre-norm with sinusoidal positions. Both do the same matrix work.
@@ -189,9 +191,12 @@ def train_worker(spec: dict, cfg: BenchConfig) -> dict:
     dtype = torch.bfloat16 if spec["dtype"] == "bf16" else None
     baseline = resident_mb()
     rates, flops, seconds, first_step = [], 0.0, 0.0, 0.0
+    profiler = step_profiler(spec)
     for step, batch in enumerate(batches):
         if step == cfg.warmup_steps and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+        if step == cfg.warmup_steps and profiler:
+            profiler.start()
         sync(device)
         start = time.perf_counter()
         with kernels(spec):  # the backward pass runs on the same kernels as the forward
@@ -207,6 +212,9 @@ def train_worker(spec: dict, cfg: BenchConfig) -> dict:
         if step >= cfg.warmup_steps:
             rates.append(batch.num_target_tokens / elapsed)
             flops, seconds = flops + train_flops(model_cfg, batch), seconds + elapsed
+    if profiler:
+        profiler.stop()
+        return time_shares(profiler, seconds)
     row = {"target tokens/s": statistics.median(rates), "peak memory (MB)": peak_mb(device, baseline),
            "parameters (M)": sum(p.numel() for p in model.parameters()) / 1e6,
            "model TFLOP/s": flops / seconds / 1e12,
@@ -253,8 +261,11 @@ def decode_worker(spec: dict, cfg: BenchConfig) -> dict:
     groups = [list(range(i * size, (i + 1) * size)) for i in range(cfg.warmup_steps + n)]
     dtype = torch.bfloat16 if spec["dtype"] == "bf16" else None
     times = []
+    profiler = step_profiler(spec)
     for i, group in enumerate(groups):
         batch = collate(test, group).to(device)
+        if i == cfg.warmup_steps and profiler:
+            profiler.start()
         sync(device)
         start = time.perf_counter()
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
@@ -262,7 +273,38 @@ def decode_worker(spec: dict, cfg: BenchConfig) -> dict:
         sync(device)
         if i >= cfg.warmup_steps:
             times.append(time.perf_counter() - start)
+    if profiler:
+        profiler.stop()
+        return time_shares(profiler, sum(times))
     return {"generated tokens/s": size * (cfg.decode_length + 1) / statistics.median(times)}
+
+
+# ---- where the time goes: the share of matrix multiplication (issue 16's profile) ---------------------------
+
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation")
+
+
+def step_profiler(spec: dict):
+    """A CPU torch.profiler for the timed steps of a "profile" spec (started and stopped by the worker), else None."""
+    if spec["kind"] != "profile":
+        return None
+    return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+
+
+def time_shares(profiler, seconds: float) -> dict:
+    """Shares of the timed steps' wall time: matrix multiplications, fused attention kernels, every other op,
+    and the rest (Python and framework code outside any op); and the ops with the most time of their own."""
+    events = [e for e in profiler.key_averages() if e.self_cpu_time_total > 0]
+    def share(keep):
+        return sum(e.self_cpu_time_total for e in events if keep(e.key)) / 1e6 / seconds
+
+    matmul = share(lambda key: key in MATMUL_OPS)
+    attention = share(lambda key: "scaled_dot_product" in key or "flash_attention" in key)
+    ops = share(lambda key: True)
+    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:3]
+    return {"matmul share": matmul, "fused attention share": attention, "other ops share": ops - matmul - attention,
+            "outside ops share": max(0.0, 1 - ops),
+            "top ops": [[e.key, e.self_cpu_time_total / 1e6 / seconds] for e in top]}
 
 
 # ---- the plan, the workers and the report ------------------------------------------------------------------
@@ -282,6 +324,8 @@ def plan(presets: list[str], device: torch.device, skip_hf: bool, with_compile: 
                    ablation="fp32" if dtype == "bf16" else "bf16 autocast"),
               dict(kind="decode", **ablation, beam=1, batch=64, cache=False,
                    ablation="no KV cache (greedy re-runs the prefix)")]
+    specs += [dict(kind="profile", of=of, library=lib, preset=first, dtype=dtype, **extra)
+              for of, extra in (("train", {}), ("decode", {"beam": 5, "batch": 64})) for lib in libraries]
     if dtype == "fp32":  # on a CPU the chapters train under bf16 autocast: what torch's math kernel buys there
         specs.append(dict(kind="train", **{**ablation, "dtype": "bf16"}, sdpa_backends=["math"], against="bf16 autocast",
                           ablation="bf16 autocast + torch's math SDPA kernel (against bf16 autocast)"))
@@ -303,7 +347,8 @@ def ratios(rows: list[dict]) -> list[dict]:
     """msgcore / HF for every measurement both libraries ran."""
     out = []
     for row in rows:
-        twin = _twin(rows, row, library="hf") if row["library"] == "msgcore" and "ablation" not in row else None
+        measured = row["library"] == "msgcore" and "ablation" not in row and row["kind"] in ("train", "decode")
+        twin = _twin(rows, row, library="hf") if measured else None
         if twin and "ablation" not in twin:
             metric = _metric(row)
             out.append({"kind": row["kind"], "preset": row["preset"], "beam": row.get("beam"),
@@ -395,7 +440,17 @@ def tables(report: dict) -> dict:
     plain = [r for r in rows if "ablation" not in r]
     return {"train": pd.DataFrame(train_rows(plain)), "decode": pd.DataFrame(decode_rows(plain)),
             "ratios": pd.DataFrame(ratio_rows(report["ratios"])), "ablations": pd.DataFrame(ablation_rows(rows, plain)),
-            "padding": pd.DataFrame([report["padding"]]), "targets": pd.DataFrame(target_rows(report))}
+            "padding": pd.DataFrame([report["padding"]]), "targets": pd.DataFrame(target_rows(report)),
+            "profile": pd.DataFrame(profile_rows(rows))}
+
+
+def profile_rows(rows: list[dict]) -> list[dict]:
+    """Where the time of the timed steps goes, per library (the "profile" rows)."""
+    return [{"library": r["library"], "preset": r["preset"], "dtype": r["dtype"],
+             "measurement": "train" if r["of"] == "train" else f"decode, beam {r['beam']}, batch {r['batch']}",
+             "matmul": f"{r['matmul share']:.0%}", "fused attention": f"{r['fused attention share']:.0%}",
+             "other ops": f"{r['other ops share']:.0%}", "outside ops": f"{r['outside ops share']:.0%}",
+             "top op": f"{r['top ops'][0][0]} ({r['top ops'][0][1]:.0%})"} for r in rows if r["kind"] == "profile"]
 
 
 def markdown(report: dict) -> str:
@@ -436,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = BenchConfig(**job["cfg"])
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        worker = train_worker if job["spec"]["kind"] == "train" else decode_worker
+        worker = train_worker if job["spec"].get("of", job["spec"]["kind"]) == "train" else decode_worker
         print(json.dumps(worker(job["spec"], cfg)))
         return 0
     cfg = BenchConfig(device=args.device, threads=args.threads)

@@ -621,7 +621,9 @@ def tables(report: dict) -> dict:
                      "wall minutes": round(r["wall minutes"], 1), "run": r.get("run", "–")})
         curves += [{"toolkit": NAMES[name], "minutes": round(p["minutes"], 2), "updates": p["updates"],
                     "target tokens": p["target tokens"], "test BLEU": round(p["test BLEU"], 2)} for p in r["curve"]]
-        recipes.append({"toolkit": NAMES[name], "recipe": r["settings"]["recipe"]})
+        kernels = r["settings"].get("training", {}).get("sdpa_backends")
+        recipes.append({"toolkit": NAMES[name], "recipe": r["settings"]["recipe"]
+                        + (f"; SDPA kernels: {', '.join(kernels)} (TrainConfig.sdpa_backends)" if kernels else "")})
     out = {"toolkits": pd.DataFrame(rows), "recipes": pd.DataFrame(recipes), "curves": pd.DataFrame(curves)}
     for ours, cmp in comparisons(report).items():
         key = "comparison" if ours == "msgcore" else f"comparison, {NAMES[ours]}"

@@ -1,6 +1,7 @@
 """The benchmark harness (msgcore.bench): batching baselines, the analytic FLOP count, forced-length
 decoding and the report tables. Speed itself is measured by `python -m msgcore.bench`, never in a test."""
 import random
+import time
 
 import pytest
 import torch
@@ -95,3 +96,30 @@ def test_the_kernel_choice_of_a_spec_is_checked_like_the_trainers():
         bench.kernels({"sdpa_backends": ["fastest"]})
     with bench.kernels({}):  # no choice: torch's own
         pass
+
+
+def test_time_shares_find_the_matrix_multiplications_of_the_profiled_steps():
+    profiler = bench.step_profiler({"kind": "profile"})
+    a = torch.randn(256, 256)
+    profiler.start()
+    start = time.perf_counter()
+    for _ in range(20):
+        (a @ a).relu_()
+    seconds = time.perf_counter() - start
+    profiler.stop()
+    shares = bench.time_shares(profiler, seconds)
+    assert shares["matmul share"] > shares["other ops share"] and shares["fused attention share"] == 0
+    assert shares["top ops"][0][0] == "aten::mm"
+    assert bench.step_profiler({"kind": "train"}) is None
+
+
+def test_profile_rows_are_reported_apart_from_the_throughput_tables():
+    specs = bench.plan(["small"], torch.device("cpu"), skip_hf=False, with_compile=False)
+    profiles = [s for s in specs if s["kind"] == "profile"]
+    assert {(s["of"], s["library"]) for s in profiles} == {(o, lib) for o in ("train", "decode") for lib in ("msgcore", "hf")}
+    shares = {"matmul share": 0.6, "fused attention share": 0.05, "other ops share": 0.3, "outside ops share": 0.05,
+              "top ops": [["aten::addmm", 0.4]]}
+    rows = [{**s, **shares} for s in profiles]
+    tables = bench.tables({"rows": rows, "ratios": bench.ratios(rows), "padding": {}})
+    assert len(tables["profile"]) == 4 and tables["profile"].iloc[0]["matmul"] == "60%"
+    assert tables["ratios"].empty and tables["train"].empty  # a profiled step is not a throughput measurement
