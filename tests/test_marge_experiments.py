@@ -247,3 +247,16 @@ def test_encode_into_english_tags_each_row_with_its_own_language_in_the_denoiser
     assert marge.sources == [[[1, 11, 2], [1, 12, 2]]] and marge.target_prefix == 3
     denoiser = exp.encode_into_english(tok, ["de", "fr"], ["1", "2"], ["3", "4"], "denoiser")
     assert denoiser.sources[0][0][-1] == 4 and denoiser.sources[0][1][-1] == 5
+
+
+@pytest.mark.skipif(__import__("msgcore.download", fromlist=["x"]).mirror_dir() is None, reason="no local data mirror")
+def test_doc_level_test_takes_whole_documents_from_the_start():
+    from msgcore.data import load_doc_level
+
+    full = load_doc_level("test", "nc", skip_empty=True)
+    part = exp.doc_level_test("nc", 50)
+    docs = sorted(set(part.doc_ids))
+    assert len(part) >= 50 and docs == sorted(set(full.doc_ids))[:len(docs)]
+    for doc in docs:  # every kept document is whole
+        assert part.doc_ids.count(doc) == full.doc_ids.count(doc)
+    assert len(part) - part.doc_ids.count(docs[-1]) < 50  # and it stops at the first document past the count

@@ -545,6 +545,18 @@ def zero_shot_corpus(tokenizer, sources: list[str], references: list[str], targe
                          tokenizer.lang_id(target_lang), tokenizer.eos_id)
 
 
+def doc_level_test(name: str, sentences: int) -> Corpus:
+    """The first whole documents of a doc-level test set ("ted", "nc", "europarl"), `sentences` or a few more."""
+    corpus = load_doc_level("test", name, skip_empty=True)
+    keep, seen = [], set()
+    for i, doc in enumerate(corpus.doc_ids):
+        if doc not in seen and len(keep) >= sentences:
+            break
+        seen.add(doc)
+        keep.append(i)
+    return corpus.subset(keep)
+
+
 def zero_shot(model, tokenizer, texts: dict[str, list[str]], source: str, target: str, device: torch.device,
               beam_size: int = 1) -> list[str]:
     """MARGE with no fine-tuning translates `source` -> `target` (VAGUE-R5: one evidence document, so f is moot)."""
