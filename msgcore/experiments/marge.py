@@ -655,26 +655,29 @@ def marge_translation_data(data, tokenizer):
     return TranslationData(tokenizer, data.corpora, encoded, synthetic=data.synthetic)
 
 
+def initialisation(ch: MargeChapter, name: str):
+    """A fresh model for a fine-tuning run: "random init" (seeded), a copy of the denoiser (the mBART stand-in),
+    or a copy of MARGE's main run. Tables 4 and 5 start every run from one of these."""
+    from msgcore.experiments.trice import copy_model, model_config
+    from msgcore.models.trice import TriceTransformer
+
+    if name == "random init":
+        torch.manual_seed(ch.seed)
+        return TriceTransformer(model_config(ch.denoiser.tasks.tasks["ted_sent"], ch.denoiser.scale, fine_layers=0))
+    return copy_model(ch.main().model if name == "MARGE" else ch.denoiser.model)
+
+
 def finetune_runs(ch: MargeChapter, out_dir) -> None:
     """Table 4 analogue: TED De->En from random init, the denoiser (mBART stand-in) and MARGE, same budget."""
-    from pathlib import Path
-
     from msgcore.experiments import train_model
-    from msgcore.experiments.trice import copy_model, model_config
-    from msgcore.models.marge import MargeTransformer
-    from msgcore.models.trice import TriceTransformer
 
     ted = ch.denoiser.tasks.tasks["ted_sent"]
     cfg = replace(ch.scale.finetune, seed=ch.seed)
-    torch.manual_seed(ch.seed)
-    random_init = TriceTransformer(model_config(ted, ch.denoiser.scale, fine_layers=0))
-    marge = MargeTransformer(ch.main().model.cfg)
-    marge.load_state_dict(ch.main().model.state_dict())
     ch.ted = {"random init": ted, "denoising (mBART stand-in)": ted,
               "MARGE": marge_translation_data(ted, ch.tokenizer)}
-    models = {"random init": random_init, "denoising (mBART stand-in)": copy_model(ch.denoiser.model), "MARGE": marge}
-    for i, (name, model) in enumerate(models.items()):
-        ch.finetuned[name] = train_model(model, ch.ted[name], cfg, ch.device, Path(out_dir) / f"ted-{i}")
+    for i, name in enumerate(ch.ted):
+        ch.finetuned[name] = train_model(initialisation(ch, name), ch.ted[name], cfg, ch.device,
+                                         Path(out_dir) / f"ted-{i}")
 
 
 def run_chapter(scale_name: str, device: torch.device, out_dir, seed: int = 0) -> MargeChapter:
@@ -765,21 +768,11 @@ def table5_data(ch: MargeChapter, languages: tuple[str, ...], layout: str):
 
 
 def table5_model(ch: MargeChapter, run: Table5Run):
-    """A fresh copy of the run's initialisation, frozen as §3 says for Zero-shot Transfer; and its layout."""
-    from msgcore.experiments.trice import copy_model, model_config
-    from msgcore.models.marge import MargeTransformer
-    from msgcore.models.trice import TriceTransformer
-
-    if run.init == "MARGE":
-        model = MargeTransformer(ch.main().model.cfg)
-        model.load_state_dict(ch.main().model.state_dict())
-        if run.setting == "Zero-shot Transfer":
-            model.freeze_for_zero_shot_transfer()
-        return model, "marge"
-    if run.init == "random init":
-        torch.manual_seed(ch.seed)
-        return TriceTransformer(model_config(ch.denoiser.tasks.tasks["ted_sent"], ch.denoiser.scale, fine_layers=0)), "denoiser"
-    return copy_model(ch.denoiser.model), "denoiser"
+    """The run's initialisation, frozen as §3 says for Zero-shot Transfer; and its data layout."""
+    model = initialisation(ch, run.init)
+    if run.setting == "Zero-shot Transfer":
+        model.freeze_for_zero_shot_transfer()
+    return model, "marge" if run.init == "MARGE" else "denoiser"
 
 
 def table5_runs(ch: MargeChapter, out_dir) -> None:
