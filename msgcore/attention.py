@@ -16,6 +16,11 @@ a zero output on both paths (SDPA does this on CPU; the math path is written to 
 The KV cache is explicit: a `(k, v)` pair, each (B, H, S, Dh), is passed in and returned.
     * self-attention appends this step's keys/values to the cached ones;
     * cross-attention computes keys/values from `memory` once and afterwards reuses the cache.
+
+Beam search keeps the encoder output at one row per sentence while the decoder runs k hypotheses per
+sentence: when x has k times as many rows as the memory, cross-attention folds each sentence's k
+hypotheses into the query length, (B*k, T, D) -> (B, k*T, D), so the keys and values of a sentence are
+projected and read once, not once per hypothesis.
 """
 from __future__ import annotations
 
@@ -97,15 +102,46 @@ class MultiHeadAttention(nn.Module):
             k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
         return k, v
 
+    @staticmethod
+    def queries_per_memory_row(x: Tensor, memory: Tensor | None, cache: KV | None) -> int:
+        """g: how many rows of x read each row of the memory (1, or the beam size in beam search)."""
+        if memory is None:
+            return 1
+        rows = cache[0].size(0) if cache is not None else memory.size(0)
+        if rows == x.size(0):
+            return 1
+        if rows == 0 or x.size(0) % rows:
+            raise ValueError(f"cross-attention got {x.size(0)} query rows for {rows} memory rows; "
+                             "the query rows must be the memory rows or a multiple of them (beam search)")
+        return x.size(0) // rows
+
     def forward(self, x: Tensor, memory: Tensor | None = None, mask: Tensor | None = None,
                 cache: KV | None = None, causal: bool = False,
                 need_weights: bool = False) -> tuple[Tensor, KV, Tensor | None]:
         """x (B, T, D); memory (B, S, D) for cross-attention; mask broadcastable to (B, H, T, S),
         bool (True = may attend) or float (an additive bias on the logits, -inf = may not attend).
 
-        `causal=True` lets query t see keys <= t (counting cached positions).
+        `causal=True` lets query t see keys <= t (counting cached positions). For cross-attention x
+        may hold g rows per memory row (beam search: rows b*g .. b*g+g-1 read memory row b); the mask
+        then has the memory's rows and a query length of 1.
         Returns output (B, T, D), the new cache (k, v) and the weights (B, H, T, S) or None.
         """
+        g = self.queries_per_memory_row(x, memory, cache)
+        if g == 1:
+            return self.attend(x, memory, mask, cache, causal, need_weights)
+        if mask is not None and mask.dim() == 4 and mask.size(2) != 1:
+            raise ValueError(f"a cross-attention mask shared by {g} hypotheses needs query length 1, "
+                             f"got {tuple(mask.shape)}")
+        B, T, D = x.shape
+        out, kv, weights = self.attend(x.reshape(B // g, g * T, D), memory, mask, cache, causal,
+                                       need_weights)  # (B/g, g*T, D): a sentence's hypotheses read its keys together
+        if weights is not None:
+            weights = weights.unflatten(2, (g, T)).transpose(1, 2).flatten(0, 1)  # (B, H, T, S)
+        return out.reshape(B, T, D), kv, weights
+
+    def attend(self, x: Tensor, memory: Tensor | None, mask: Tensor | None, cache: KV | None, causal: bool,
+               need_weights: bool) -> tuple[Tensor, KV, Tensor | None]:
+        """`forward` once the rows of x and of the memory match."""
         q = self.split_heads(self.q_proj(x))  # (B, H, T, Dh)
         k, v = self.keys_values(x, memory, cache)  # (B, H, S, Dh) each
         T, S = q.size(2), k.size(2)

@@ -9,8 +9,9 @@ What is measured; every measurement runs in a fresh worker process, so that both
               length (</s> is forbidden until the last step), so both libraries do identical work
     padding   real tokens / padded slots of token-budget (length-bucketed) batches vs random batches
     mfu       on CUDA: model FLOPs utilisation of training, FLOPs counted analytically (`train_flops`)
-    ablation  msgcore with one optimisation turned off (SDPA, KV cache, length bucketing, bf16) or on
-              (torch.compile, torch's math SDPA kernel under bf16), to show what each buys
+    ablation  msgcore with one optimisation turned off (SDPA, KV cache, length bucketing, bf16, beam
+              hypotheses sharing their sentence's encoder output, per-beam top-2k candidates) or on
+              (torch.compile, torch's math SDPA kernel under bf16, fused AdamW on CPU), to show what each buys
     profile   where the time of training and beam-5 decoding goes, for both libraries (torch.profiler): the
               share of matrix multiplications, fused attention kernels, other ops and code outside any op
 `transformers` is needed for the comparison rows only (`pip install transformers`); the book does not need it.
@@ -38,7 +39,8 @@ from torch.nn.attention import sdpa_kernel
 from msgcore.attention import attention_math, causal_mask
 from msgcore.batching import collate, encode_corpus, example_lengths, padding_efficiency, token_batches
 from msgcore.data import load_multi30k
-from msgcore.generation import GenerationConfig
+from msgcore import generation as generation_module
+from msgcore.generation import GenerationConfig, beam_search
 from msgcore.model import Transformer, TransformerConfig, preset
 from msgcore.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from msgcore.utils import MsgcoreError, atomic_write, device_name, git_commit, resolve_device
@@ -187,7 +189,8 @@ def train_worker(spec: dict, cfg: BenchConfig) -> dict:
     if spec.get("compile"):
         model.compile()  # in place, so that model.loss -> model(batch) runs the compiled forward
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4, betas=(0.9, 0.98), fused=device.type == "cuda")
+    fused = spec.get("fused_adamw", device.type == "cuda")  # as the Trainer: fused on CUDA, for-loop on CPU
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4, betas=(0.9, 0.98), fused=fused)
     dtype = torch.bfloat16 if spec["dtype"] == "bf16" else None
     baseline = resident_mb()
     rates, flops, seconds, first_step = [], 0.0, 0.0, 0.0
@@ -222,10 +225,15 @@ def train_worker(spec: dict, cfg: BenchConfig) -> dict:
     return row
 
 
+def msgcore_generation_config(beam: int, length: int) -> GenerationConfig:
+    """`length` tokens and then </s> (with </s> forbidden, it can only come at the length limit)."""
+    return GenerationConfig(beam_size=beam, max_len_a=0.0, max_len_b=length + 1, min_len=1)
+
+
 def generation(library: str, model, beam: int, length: int):
     """A function sources, masks -> output ids that forces `length` tokens and then </s>."""
     if library == "msgcore":
-        config = GenerationConfig(beam_size=beam, max_len_a=0.0, max_len_b=length + 1, min_len=1)
+        config = msgcore_generation_config(beam, length)
         return lambda src, mask: model.generate([src], [mask], BOS_ID, EOS_ID, config,
                                                 forbidden=[PAD_ID, BOS_ID, EOS_ID])  # </s> only at the limit
     from transformers import GenerationConfig as HFGenerationConfig
@@ -235,6 +243,29 @@ def generation(library: str, model, beam: int, length: int):
                                 decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
                                 pad_token_id=PAD_ID)
     return lambda src, mask: model.generate(input_ids=src, attention_mask=mask, generation_config=config)
+
+
+class PerHypothesisMemory:
+    """A model whose encoder output is repeated once per beam hypothesis (the "memory per hypothesis" ablation):
+    beam search as it ran before cross-attention let a sentence's hypotheses share one memory row."""
+
+    def __init__(self, model, beam: int):
+        self.model, self.beam = model, beam
+
+    def encode(self, sources, source_masks):
+        rows = torch.arange(sources[0].size(0), device=sources[0].device).repeat_interleave(self.beam)
+        return [m.index_select(rows) for m in self.model.encode(sources, source_masks)]
+
+    def decode(self, *args, **kwargs):
+        return self.model.decode(*args, **kwargs)
+
+
+def all_candidates(scores: torch.Tensor, logp: torch.Tensor, n: int):
+    """generation.best_candidates scoring all k*V extensions of a sentence's beams (the ablation)."""
+    B, k = scores.shape
+    V = logp.size(-1)
+    cand_scores, index = (scores.view(-1, 1) + logp).view(B, k * V).topk(n, dim=1)  # (B, n)
+    return cand_scores, index // V, index % V
 
 
 @torch.no_grad()
@@ -256,6 +287,12 @@ def decode_worker(spec: dict, cfg: BenchConfig) -> dict:
     translate = generation(spec["library"], model, spec["beam"], cfg.decode_length)
     if spec.get("cache") is False:
         translate = lambda src, mask: greedy_without_cache(model, src, mask, cfg.decode_length)  # noqa: E731
+    if spec.get("memory") == "per hypothesis":
+        translate = lambda src, mask: beam_search(PerHypothesisMemory(model, spec["beam"]), [src], [mask],  # noqa: E731
+                                                  BOS_ID, EOS_ID, msgcore_generation_config(spec["beam"], cfg.decode_length),
+                                                  forbidden=[PAD_ID, BOS_ID, EOS_ID])
+    if spec.get("candidates") == "all":
+        generation_module.best_candidates = all_candidates  # this worker's beam search scores all k*V candidates
     size = spec["batch"]
     n = cfg.batch1_sentences if size == 1 else cfg.decode_batches
     groups = [list(range(i * size, (i + 1) * size)) for i in range(cfg.warmup_steps + n)]
@@ -323,9 +360,16 @@ def plan(presets: list[str], device: torch.device, skip_hf: bool, with_compile: 
               dict(kind="train", **{**ablation, "dtype": "fp32" if dtype == "bf16" else "bf16"},
                    ablation="fp32" if dtype == "bf16" else "bf16 autocast"),
               dict(kind="decode", **ablation, beam=1, batch=64, cache=False,
-                   ablation="no KV cache (greedy re-runs the prefix)")]
-    specs += [dict(kind="profile", of=of, library=lib, preset=first, dtype=dtype, **extra)
-              for of, extra in (("train", {}), ("decode", {"beam": 5, "batch": 64})) for lib in libraries]
+                   ablation="no KV cache (greedy re-runs the prefix)"),
+              dict(kind="decode", **ablation, beam=5, batch=64, memory="per hypothesis",
+                   ablation="encoder output repeated per hypothesis (cross-attention K/V per beam)"),
+              dict(kind="decode", **ablation, beam=5, batch=64, candidates="all",
+                   ablation="all k*V candidates scored (no per-beam top 2k first)")]
+    if device.type == "cpu":  # on CUDA the Trainer's AdamW is already fused
+        specs.append(dict(kind="train", **ablation, fused_adamw=True, ablation="AdamW fused=True (CPU kernel)"))
+    specs += [dict(kind="profile", of=of, library=lib, preset=p, dtype=dtype, **extra)
+              for p in presets for of, extra in (("train", {}), ("decode", {"beam": 5, "batch": 64}))
+              for lib in libraries]
     if dtype == "fp32":  # on a CPU the chapters train under bf16 autocast: what torch's math kernel buys there
         specs.append(dict(kind="train", **{**ablation, "dtype": "bf16"}, sdpa_backends=["math"], against="bf16 autocast",
                           ablation="bf16 autocast + torch's math SDPA kernel (against bf16 autocast)"))

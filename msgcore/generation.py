@@ -110,8 +110,7 @@ def beam_search(model, sources: list[Tensor], source_masks: list[Tensor], prefix
                 cfg: GenerationConfig, forbidden: list[int] = ()) -> list[list[int]]:
     """Batched beam search; returns the best finished hypothesis per sentence."""
     B, k, device = sources[0].size(0), cfg.beam_size, sources[0].device
-    beam_rows = torch.arange(B, device=device).repeat_interleave(k)  # (B*k,) sentence of each row
-    memory = [m.index_select(beam_rows) for m in model.encode(sources, source_masks)]
+    memory = model.encode(sources, source_masks)  # B rows: cross-attention lets a sentence's k hypotheses share one
     max_len = max_lengths(source_masks, cfg).repeat_interleave(k)  # (B*k,)
     tokens = torch.full((B * k, 1), prefix_id, dtype=torch.long, device=device)
     scores = torch.full((B, k), float("-inf"), device=device)
@@ -121,10 +120,7 @@ def beam_search(model, sources: list[Tensor], source_masks: list[Tensor], prefix
     for step in range(int(max_len.max())):
         logp, cache = step_log_probs(model, tokens, memory, cache, step)
         logp = apply_constraints(logp, tokens, step, max_len, eos_id, list(forbidden), cfg)
-        V = logp.size(-1)
-        candidates = (scores.view(-1, 1) + logp).view(B, k * V)  # (B, k*V)
-        cand_scores, cand_index = candidates.topk(2 * k, dim=1)  # (B, 2k)
-        cand_beam, cand_token = cand_index // V, cand_index % V
+        cand_scores, cand_beam, cand_token = best_candidates(scores, logp, 2 * k)  # (B, 2k) each
         is_eos = (cand_token == eos_id) & torch.isfinite(cand_scores)
         finish_hypotheses(finished, tokens, cand_scores, cand_beam, is_eos, step, k, cfg.len_penalty)
         if all(len(f) >= k for f in finished):
@@ -134,6 +130,19 @@ def beam_search(model, sources: list[Tensor], source_masks: list[Tensor], prefix
         tokens = torch.cat([tokens[rows], token.view(-1, 1)], dim=1)
         cache = [layer.index_select(rows, reorder_cross=False) for layer in cache]
     return [max(f)[1] if f else [] for f in finished]
+
+
+def best_candidates(scores: Tensor, logp: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The n best one-token extensions of each sentence's k beams: (scores, source beam, token), each (B, n).
+
+    scores (B, k) of the live beams, logp (B*k, V). A sentence's n best candidates are among the n best
+    tokens of each of its beams, so only those k*n are scored, not all k*V.
+    """
+    B, k = scores.shape
+    token_logp, token = logp.topk(min(n, logp.size(-1)), dim=1)  # (B*k, n) each beam's best tokens
+    candidates = (scores.view(-1, 1) + token_logp).view(B, -1)  # (B, k*n) score + log p(token | beam)
+    cand_scores, index = candidates.topk(n, dim=1)  # (B, n)
+    return cand_scores, index // token_logp.size(1), token.view(B, -1).gather(1, index)
 
 
 def finish_hypotheses(finished, tokens: Tensor, cand_scores: Tensor, cand_beam: Tensor, is_eos: Tensor,

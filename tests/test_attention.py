@@ -101,3 +101,31 @@ def test_attention_math_weights_rows_sum_to_one():
     out, weights = attention_math(q, k, v)
     assert out.shape == (1, 2, 3, 4)
     torch.testing.assert_close(weights.sum(-1), torch.ones(1, 2, 3))
+
+
+def test_hypotheses_sharing_a_memory_row_equal_a_memory_repeated_per_hypothesis():
+    """Beam search: g query rows per memory row attend as if each had its own copy of the memory."""
+    attn, g = make_attention(), 3
+    memory, mask = torch.randn(2, 6, 32), torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    mask[1, ..., 4:] = False
+    rows = torch.arange(2).repeat_interleave(g)
+    cache = cache_repeated = None
+    for x in torch.randn(2, 2 * g, 1, 32):  # two decoding steps over the cross-attention cache
+        out, cache, weights = attn(x, memory, mask, cache=cache, need_weights=True)
+        expected, cache_repeated, expected_weights = attn(x, memory[rows], mask[rows], cache=cache_repeated,
+                                                          need_weights=True)
+        torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(weights, expected_weights, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(attn(x, memory, mask, cache=cache)[0], out)  # the SDPA path too
+    assert cache[0].shape == (2, 4, 6, 8)  # the keys of a sentence are kept once, not once per hypothesis
+    assert weights[g:, :, :, 4:].abs().max() == 0  # sentence 1's padding, for each of its hypotheses
+
+
+def test_query_rows_that_do_not_share_memory_rows_evenly_are_refused():
+    attn = make_attention()
+    try:
+        attn(torch.randn(5, 1, 32), torch.randn(2, 6, 32))
+    except ValueError as error:
+        assert "5 query rows for 2 memory rows" in str(error)
+    else:
+        raise AssertionError("5 query rows over 2 memory rows were accepted")

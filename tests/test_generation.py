@@ -101,3 +101,59 @@ def test_rescore_picks_the_best_candidate_per_token():
             logp, n = sequence_log_probs(model, [src[i:i + 1]], [mask[i:i + 1]], BOS, EOS, [hyp])
             scores.append((logp / n).item())
         assert chosen[i] == candidates[i][max(range(3), key=scores.__getitem__)]
+
+
+def test_per_beam_top_candidates_equal_scoring_all_of_them():
+    from msgcore.bench import all_candidates
+    from msgcore.generation import best_candidates
+
+    B, k, V = 3, 4, 50
+    scores = torch.randn(B, k)
+    scores[0, 1:] = float("-inf")  # step 0: one live beam
+    logp = torch.log_softmax(torch.randn(B * k, V), -1)
+    logp[:, 7] = float("-inf")  # a forbidden token
+    for got, expected in zip(best_candidates(scores, logp, 2 * k), all_candidates(scores, logp, 2 * k)):
+        assert torch.equal(got, expected)
+
+
+def beam_search_models():
+    """One model per decoder kind, each with sources of its own shape (vocabulary 40)."""
+    from msgcore.models.marge import MargeConfig, MargeTransformer
+    from msgcore.models.mixrep import MixRepConfig, MixRepTransformer
+    from msgcore.models.postech_ape import PostechAPE, PostechConfig
+    from msgcore.models.trice import TriceConfig, TriceTransformer
+
+    dims = dict(vocab_size=40, d_model=32, n_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0)
+    yield "transformer", Transformer(preset("tiny", **dims)), 1
+    yield "trice", TriceTransformer(TriceConfig(**dims)), 2
+    for kind in ("parallel", "sequential"):
+        yield f"postech {kind}", PostechAPE(PostechConfig(**{**dims, "encoder_layers": 3}, multi_source=kind)), 2
+    for mixing in ("parallel", "stacked"):
+        yield f"mixrep {mixing}", MixRepTransformer(MixRepConfig(**dims, bpe_vocab_size=40, mixing=mixing)), 2
+    yield "marge", MargeTransformer(MargeConfig(**{**dims, "decoder_layers": 3}, relevance_layers=1,
+                                                decoder_self_only_layers=1)), 2
+
+
+def test_beam_hypotheses_sharing_their_sentences_memory_equal_the_memory_repeated_per_hypothesis():
+    from msgcore.bench import PerHypothesisMemory
+    from msgcore.generation import Ensemble
+
+    cfg = GenerationConfig(beam_size=3, max_len_a=1.0, max_len_b=3)
+    for name, model, K in beam_search_models():
+        torch.manual_seed(0)
+        model.eval()
+        srcs = [torch.randint(4, 40, (4, 5 + k)) for k in range(K)]
+        masks = [torch.ones_like(s, dtype=torch.bool) for s in srcs]
+        for s, m in zip(srcs, masks):
+            m[1, 3:] = False
+            s[~m] = 0
+        memory, rows = model.encode(srcs, masks), torch.arange(4).repeat_interleave(3)
+        tokens = torch.randint(4, 40, (12, 4))  # 3 hypotheses per sentence, 4 target positions
+        torch.testing.assert_close(model.decode(tokens, memory).logits,
+                                   model.decode(tokens, [m.index_select(rows) for m in memory]).logits,
+                                   atol=1e-5, rtol=1e-5, msg=name)
+        shared = beam_search(model, srcs, masks, BOS, EOS, cfg, forbidden=[0, 1, 2])
+        assert shared == beam_search(PerHypothesisMemory(model, 3), srcs, masks, BOS, EOS, cfg, forbidden=[0, 1, 2]), name
+        if name == "postech parallel":  # an ensemble's members share their memory rows the same way
+            ensemble = Ensemble([model, model])
+            assert beam_search(ensemble, srcs, masks, BOS, EOS, cfg, forbidden=[0, 1, 2]) == shared
