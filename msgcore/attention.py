@@ -92,6 +92,14 @@ class MultiHeadAttention(nn.Module):
         B, _, T, _ = x.shape
         return x.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, D)
 
+    def queries_keys_values(self, x: Tensor, memory: Tensor | None, cache: KV | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Q = x W^Q and this call's K, V (`keys_values`), split into heads.
+
+        Three GEMMs, as the paper writes them; `python -m msgcore.bench` measures one fused x [W^Q; W^K; W^V]
+        GEMM for self-attention as an ablation.
+        """
+        return (self.split_heads(self.q_proj(x)), *self.keys_values(x, memory, cache))
+
     def keys_values(self, x: Tensor, memory: Tensor | None, cache: KV | None) -> KV:
         """This call's keys and values, combined with the cache as the attention kind requires."""
         if memory is not None and cache is not None:
@@ -142,8 +150,7 @@ class MultiHeadAttention(nn.Module):
     def attend(self, x: Tensor, memory: Tensor | None, mask: Tensor | None, cache: KV | None, causal: bool,
                need_weights: bool) -> tuple[Tensor, KV, Tensor | None]:
         """`forward` once the rows of x and of the memory match."""
-        q = self.split_heads(self.q_proj(x))  # (B, H, T, Dh)
-        k, v = self.keys_values(x, memory, cache)  # (B, H, S, Dh) each
+        q, k, v = self.queries_keys_values(x, memory, cache)  # (B, H, T, Dh), (B, H, S, Dh), (B, H, S, Dh)
         T, S = q.size(2), k.size(2)
         use_is_causal = causal and T == S and mask is None  # SDPA's fast causal path
         if causal and not use_is_causal and T > 1:

@@ -11,7 +11,8 @@ What is measured; every measurement runs in a fresh worker process, so that both
     mfu       on CUDA: model FLOPs utilisation of training, FLOPs counted analytically (`train_flops`)
     ablation  msgcore with one optimisation turned off (SDPA, KV cache, length bucketing, bf16, beam
               hypotheses sharing their sentence's encoder output, per-beam top-2k candidates) or on
-              (torch.compile, torch's math SDPA kernel under bf16, fused AdamW on CPU), to show what each buys
+              (torch.compile, torch's math SDPA kernel under bf16, fused AdamW on CPU, a fused QKV projection),
+              to show what each buys
     profile   where the time of training and beam-5 decoding goes, for both libraries (torch.profiler): the
               share of matrix multiplications, fused attention kernels, other ops and code outside any op
 `transformers` is needed for the comparison rows only (`pip install transformers`); the book does not need it.
@@ -36,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
-from msgcore.attention import attention_math, causal_mask
+from msgcore.attention import MultiHeadAttention, attention_math, causal_mask
 from msgcore.batching import collate, encode_corpus, example_lengths, padding_efficiency, token_batches
 from msgcore.data import load_multi30k
 from msgcore import generation as generation_module
@@ -186,6 +187,8 @@ def train_worker(spec: dict, cfg: BenchConfig) -> dict:
     model_cfg, model = build(spec["library"], spec["preset"], tokenizer.vocab_size, device)
     if spec.get("attention") == "math":
         torch.nn.functional.scaled_dot_product_attention = math_sdpa  # this worker only runs msgcore
+    if spec.get("qkv") == "fused":
+        MultiHeadAttention.queries_keys_values = fused_queries_keys_values  # likewise
     if spec.get("compile"):
         model.compile()  # in place, so that model.loss -> model(batch) runs the compiled forward
     model.train()
@@ -258,6 +261,20 @@ class PerHypothesisMemory:
 
     def decode(self, *args, **kwargs):
         return self.model.decode(*args, **kwargs)
+
+
+THREE_PROJECTIONS = MultiHeadAttention.queries_keys_values  # msgcore's own, kept before the ablation patches it
+
+
+def fused_queries_keys_values(attention: MultiHeadAttention, x, memory, cache):
+    """MultiHeadAttention.queries_keys_values with one x [W^Q; W^K; W^V] GEMM for uncached self-attention
+    (the "fused QKV projection" ablation); the same parameters, concatenated at each call."""
+    if memory is not None or cache is not None:
+        return THREE_PROJECTIONS(attention, x, memory, cache)
+    projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+    weight = torch.cat([p.weight for p in projections])  # (3D, D)
+    bias = torch.cat([p.bias for p in projections]) if attention.q_proj.bias is not None else None
+    return tuple(attention.split_heads(part) for part in F.linear(x, weight, bias).chunk(3, dim=-1))
 
 
 def all_candidates(scores: torch.Tensor, logp: torch.Tensor, n: int):
@@ -357,6 +374,7 @@ def plan(presets: list[str], device: torch.device, skip_hf: bool, with_compile: 
     ablation = dict(library="msgcore", preset=first, dtype=dtype)
     specs += [dict(kind="train", **ablation, attention="math", ablation="math attention instead of SDPA"),
               dict(kind="train", **ablation, batching="random", ablation="random batches instead of length buckets"),
+              dict(kind="train", **ablation, qkv="fused", ablation="one fused QKV projection for self-attention"),
               dict(kind="train", **{**ablation, "dtype": "fp32" if dtype == "bf16" else "bf16"},
                    ablation="fp32" if dtype == "bf16" else "bf16 autocast"),
               dict(kind="decode", **ablation, beam=1, batch=64, cache=False,

@@ -123,3 +123,15 @@ def test_profile_rows_are_reported_apart_from_the_throughput_tables():
     tables = bench.tables({"rows": rows, "ratios": bench.ratios(rows), "padding": {}})
     assert len(tables["profile"]) == 4 and tables["profile"].iloc[0]["matmul"] == "60%"
     assert tables["ratios"].empty and tables["train"].empty  # a profiled step is not a throughput measurement
+
+
+def test_the_fused_qkv_ablation_computes_the_same_attention():
+    from msgcore.attention import MultiHeadAttention
+    from msgcore.bench import fused_queries_keys_values
+
+    attn, x = MultiHeadAttention(32, 4).eval(), torch.randn(2, 5, 32)
+    for got, expected in zip(fused_queries_keys_values(attn, x, None, None), attn.queries_keys_values(x, None, None)):
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+    memory = torch.randn(2, 7, 32)  # cross-attention keeps its own projections
+    for got, expected in zip(fused_queries_keys_values(attn, x, memory, None), attn.queries_keys_values(x, memory, None)):
+        assert torch.equal(got, expected)
