@@ -14,8 +14,10 @@ merges a bool mask and a bias into one. A query row with no key to attend to get
 a zero output on both paths (SDPA does this on CPU; the math path is written to match), never NaN.
 
 The KV cache is explicit: a `(k, v)` pair, each (B, H, S, Dh), is passed in and returned.
-    * self-attention appends this step's keys/values to the cached ones;
+    * self-attention appends this step's keys/values to the cached ones (`append_to_cache`);
     * cross-attention computes keys/values from `memory` once and afterwards reuses the cache.
+Beam search reorders the cache at every step; `reorder_with_room` copies the chosen rows into a buffer one
+position longer, so the next step's append writes into that room instead of copying the whole cache again.
 
 Beam search keeps the encoder output at one row per sentence while the decoder runs k hypotheses per
 sentence: when x has k times as many rows as the memory, cross-attention folds each sentence's k
@@ -67,6 +69,33 @@ def causal_mask(query_len: int, key_len: int, device: torch.device) -> Tensor:
     return torch.arange(key_len, device=device).unsqueeze(0) <= q_pos
 
 
+def reorder_with_room(cached: Tensor, index: Tensor) -> Tensor:
+    """Rows `index` of cached keys or values (B, H, t, Dh), copied into a buffer (B', H, t+1, Dh) and returned
+    as its first t positions: the next `append_to_cache` fills the last one in place. Meant for one next
+    step (beam search reorders again after it)."""
+    if cached.requires_grad:
+        return cached.index_select(0, index)  # autograd cannot follow a copy into a buffer: no room
+    _, H, t, Dh = cached.shape
+    buffer = cached.new_empty(index.numel(), H, t + 1, Dh)
+    torch.index_select(cached, 0, index, out=buffer[:, :, :t])
+    return buffer[:, :, :t]
+
+
+def append_to_cache(cached: Tensor, new: Tensor) -> Tensor:
+    """cached (B, H, t, Dh) followed by new (B, H, T, Dh) along time: in place when `cached` is the start
+    of a buffer with exactly T positions of room after it (`reorder_with_room`), else by concatenation."""
+    B, H, t, Dh = cached.shape
+    full = (B, H, t + new.size(2), Dh)
+    strides = (H * full[2] * Dh, full[2] * Dh, Dh, 1)  # those of a contiguous (B, H, t+T, Dh) buffer
+    room = (cached.stride() == strides and cached.storage_offset() == 0
+            and cached.untyped_storage().nbytes() >= B * H * full[2] * Dh * cached.element_size())
+    if not room:
+        return torch.cat([cached, new], dim=2)
+    extended = cached.as_strided(full, strides)
+    extended[:, :, t:] = new
+    return extended
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -107,7 +136,7 @@ class MultiHeadAttention(nn.Module):
         source = x if memory is None else memory
         k, v = self.split_heads(self.k_proj(source)), self.split_heads(self.v_proj(source))
         if memory is None and cache is not None:  # self-attention: append this step
-            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+            k, v = append_to_cache(cache[0], k), append_to_cache(cache[1], v)
         return k, v
 
     @staticmethod

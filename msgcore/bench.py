@@ -10,7 +10,7 @@ What is measured; every measurement runs in a fresh worker process, so that both
     padding   real tokens / padded slots of token-budget (length-bucketed) batches vs random batches
     mfu       on CUDA: model FLOPs utilisation of training, FLOPs counted analytically (`train_flops`)
     ablation  msgcore with one optimisation turned off (SDPA, KV cache, length bucketing, bf16, beam
-              hypotheses sharing their sentence's encoder output, per-beam top-2k candidates) or on
+              hypotheses sharing their sentence's encoder output, room for the next step in the beam reorder) or on
               (torch.compile, torch's math SDPA kernel under bf16, fused AdamW on CPU, a fused QKV projection),
               to show what each buys
     profile   where the time of training and beam-5 decoding goes, for both libraries (torch.profiler): the
@@ -40,7 +40,7 @@ from torch.nn.attention import sdpa_kernel
 from msgcore.attention import MultiHeadAttention, attention_math, causal_mask
 from msgcore.batching import collate, encode_corpus, example_lengths, padding_efficiency, token_batches
 from msgcore.data import load_multi30k
-from msgcore import generation as generation_module
+from msgcore import layers as layers_module
 from msgcore.generation import GenerationConfig, beam_search
 from msgcore.model import Transformer, TransformerConfig, preset
 from msgcore.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
@@ -277,14 +277,6 @@ def fused_queries_keys_values(attention: MultiHeadAttention, x, memory, cache):
     return tuple(attention.split_heads(part) for part in F.linear(x, weight, bias).chunk(3, dim=-1))
 
 
-def all_candidates(scores: torch.Tensor, logp: torch.Tensor, n: int):
-    """generation.best_candidates scoring all k*V extensions of a sentence's beams (the ablation)."""
-    B, k = scores.shape
-    V = logp.size(-1)
-    cand_scores, index = (scores.view(-1, 1) + logp).view(B, k * V).topk(n, dim=1)  # (B, n)
-    return cand_scores, index // V, index % V
-
-
 @torch.no_grad()
 def greedy_without_cache(model, src, mask, length: int):
     """Greedy search that re-runs the decoder over the whole prefix at every step (the "no KV cache" ablation)."""
@@ -308,8 +300,8 @@ def decode_worker(spec: dict, cfg: BenchConfig) -> dict:
         translate = lambda src, mask: beam_search(PerHypothesisMemory(model, spec["beam"]), [src], [mask],  # noqa: E731
                                                   BOS_ID, EOS_ID, msgcore_generation_config(spec["beam"], cfg.decode_length),
                                                   forbidden=[PAD_ID, BOS_ID, EOS_ID])
-    if spec.get("candidates") == "all":
-        generation_module.best_candidates = all_candidates  # this worker's beam search scores all k*V candidates
+    if spec.get("reorder") == "compact":
+        layers_module.reorder_with_room = lambda kv, index: kv.index_select(0, index)  # no room: appending copies
     size = spec["batch"]
     n = cfg.batch1_sentences if size == 1 else cfg.decode_batches
     groups = [list(range(i * size, (i + 1) * size)) for i in range(cfg.warmup_steps + n)]
@@ -381,8 +373,8 @@ def plan(presets: list[str], device: torch.device, skip_hf: bool, with_compile: 
                    ablation="no KV cache (greedy re-runs the prefix)"),
               dict(kind="decode", **ablation, beam=5, batch=64, memory="per hypothesis",
                    ablation="encoder output repeated per hypothesis (cross-attention K/V per beam)"),
-              dict(kind="decode", **ablation, beam=5, batch=64, candidates="all",
-                   ablation="all k*V candidates scored (no per-beam top 2k first)")]
+              dict(kind="decode", **ablation, beam=5, batch=64, reorder="compact",
+                   ablation="beam reorder leaves no room (the next step's append copies the cache again)")]
     if device.type == "cpu":  # on CUDA the Trainer's AdamW is already fused
         specs.append(dict(kind="train", **ablation, fused_adamw=True, ablation="AdamW fused=True (CPU kernel)"))
     specs += [dict(kind="profile", of=of, library=lib, preset=p, dtype=dtype, **extra)

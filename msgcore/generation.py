@@ -135,14 +135,13 @@ def beam_search(model, sources: list[Tensor], source_masks: list[Tensor], prefix
 def best_candidates(scores: Tensor, logp: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
     """The n best one-token extensions of each sentence's k beams: (scores, source beam, token), each (B, n).
 
-    scores (B, k) of the live beams, logp (B*k, V). A sentence's n best candidates are among the n best
-    tokens of each of its beams, so only those k*n are scored, not all k*V.
+    scores (B, k) of the live beams, logp (B*k, V): every candidate scores score(beam) + log p(token | beam).
     """
     B, k = scores.shape
-    token_logp, token = logp.topk(min(n, logp.size(-1)), dim=1)  # (B*k, n) each beam's best tokens
-    candidates = (scores.view(-1, 1) + token_logp).view(B, -1)  # (B, k*n) score + log p(token | beam)
+    V = logp.size(-1)
+    candidates = (scores.view(-1, 1) + logp).view(B, k * V)  # (B, k*V)
     cand_scores, index = candidates.topk(n, dim=1)  # (B, n)
-    return cand_scores, index // token_logp.size(1), token.view(B, -1).gather(1, index)
+    return cand_scores, index // V, index % V
 
 
 def finish_hypotheses(finished, tokens: Tensor, cand_scores: Tensor, cand_beam: Tensor, is_eos: Tensor,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from msgcore.attention import KV, MultiHeadAttention
+from msgcore.attention import KV, MultiHeadAttention, reorder_with_room
 from msgcore.utils import MsgcoreError
 
 
@@ -42,7 +42,7 @@ class LayerCache:
 
     def index_select(self, index: Tensor, reorder_cross: bool = True) -> "LayerCache":
         """Reorder the batch (beam search). Cross K/V only differ between sentences, not beams."""
-        self_kv = tuple(t.index_select(0, index) for t in self.self_kv)
+        self_kv = tuple(reorder_with_room(t, index) for t in self.self_kv)  # room for the next step's keys
         cross_kv = self.cross_kv
         if reorder_cross and cross_kv is not None:
             cross_kv = [tuple(t.index_select(0, index) for t in kv) for kv in cross_kv]

@@ -129,3 +129,45 @@ def test_query_rows_that_do_not_share_memory_rows_evenly_are_refused():
         assert "5 query rows for 2 memory rows" in str(error)
     else:
         raise AssertionError("5 query rows over 2 memory rows were accepted")
+
+
+def test_a_reordered_cache_takes_the_next_step_in_place_and_equals_reorder_then_concatenate():
+    from msgcore.attention import append_to_cache, reorder_with_room
+
+    cached, new, index = torch.randn(4, 2, 5, 8), torch.randn(3, 2, 1, 8), torch.tensor([2, 2, 0])
+    reordered = reorder_with_room(cached, index)
+    assert torch.equal(reordered, cached[index])
+    appended = append_to_cache(reordered, new)
+    assert torch.equal(appended, torch.cat([cached[index], new], 2))
+    assert appended.data_ptr() == reordered.data_ptr() and appended.is_contiguous()  # written into the room
+    # a cache without room (a plain tensor, or one already extended) is concatenated, never written over
+    again = append_to_cache(appended, torch.zeros(3, 2, 1, 8))
+    assert again.data_ptr() != appended.data_ptr() and torch.equal(appended[:, :, 5:], new)
+    first, second = append_to_cache(cached, new[:1].expand(4, -1, -1, -1)), append_to_cache(cached, -cached[:, :, :1])
+    assert torch.equal(first[:, :, :5], cached) and torch.equal(second[:, :, 5:], -cached[:, :, :1])
+
+
+def test_beam_steps_over_a_reordered_cache_equal_steps_over_a_concatenated_one():
+    from msgcore.attention import reorder_with_room
+    from msgcore.model import Transformer, preset
+
+    torch.manual_seed(0)
+    model = Transformer(preset("tiny", vocab_size=20, d_model=32, d_ff=64, dropout=0.0)).eval()
+    memory = model.encode([torch.randint(4, 20, (3, 6))], [torch.ones(3, 6, dtype=torch.bool)])
+    tokens, index = torch.randint(4, 20, (3, 4)), torch.tensor([1, 1, 0])
+    with torch.no_grad():
+        check_reordered_steps(model, memory, tokens, index)
+    assert reorder_with_room(torch.ones(2, 1, 3, 4, requires_grad=True), index[:1]).grad_fn is not None  # autograd
+
+
+def check_reordered_steps(model, memory, tokens, index):
+    from msgcore.layers import LayerCache
+
+    out = model.decode(tokens[:, :3], memory)
+    reordered = [c.index_select(index, reorder_cross=False) for c in out.cache]
+    stepped = model.decode(tokens[index, 3:], memory, reordered, start_pos=3)
+    assert stepped.cache[0].self_kv[0].data_ptr() == reordered[0].self_kv[0].data_ptr()  # appended in place
+    concatenated = [LayerCache(tuple(t.index_select(0, index).contiguous() for t in c.self_kv), c.cross_kv)
+                    for c in out.cache]
+    expected = model.decode(tokens[index, 3:], memory, concatenated, start_pos=3)
+    assert torch.equal(stepped.logits, expected.logits)

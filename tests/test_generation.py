@@ -103,19 +103,6 @@ def test_rescore_picks_the_best_candidate_per_token():
         assert chosen[i] == candidates[i][max(range(3), key=scores.__getitem__)]
 
 
-def test_per_beam_top_candidates_equal_scoring_all_of_them():
-    from msgcore.bench import all_candidates
-    from msgcore.generation import best_candidates
-
-    B, k, V = 3, 4, 50
-    scores = torch.randn(B, k)
-    scores[0, 1:] = float("-inf")  # step 0: one live beam
-    logp = torch.log_softmax(torch.randn(B * k, V), -1)
-    logp[:, 7] = float("-inf")  # a forbidden token
-    for got, expected in zip(best_candidates(scores, logp, 2 * k), all_candidates(scores, logp, 2 * k)):
-        assert torch.equal(got, expected)
-
-
 def beam_search_models():
     """One model per decoder kind, each with sources of its own shape (vocabulary 40)."""
     from msgcore.models.marge import MargeConfig, MargeTransformer
