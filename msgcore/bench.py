@@ -10,7 +10,8 @@ What is measured; every measurement runs in a fresh worker process, so that both
     padding   real tokens / padded slots of token-budget (length-bucketed) batches vs random batches
     mfu       on CUDA: model FLOPs utilisation of training, FLOPs counted analytically (`train_flops`)
     ablation  msgcore with one optimisation turned off (SDPA, KV cache, length bucketing, bf16, beam
-              hypotheses sharing their sentence's encoder output, room for the next step in the beam reorder) or on
+              hypotheses sharing their sentence's encoder output, room for the next step in the beam reorder,
+              a search step's log-probs computed in place) or on
               (torch.compile, torch's math SDPA kernel under bf16, fused AdamW on CPU, a fused QKV projection),
               to show what each buys
     profile   where the time of training and beam-5 decoding goes, for both libraries (torch.profiler): the
@@ -40,6 +41,7 @@ from torch.nn.attention import sdpa_kernel
 from msgcore.attention import MultiHeadAttention, attention_math, causal_mask
 from msgcore.batching import collate, encode_corpus, example_lengths, padding_efficiency, token_batches
 from msgcore.data import load_multi30k
+from msgcore import generation as generation_module
 from msgcore import layers as layers_module
 from msgcore.generation import GenerationConfig, beam_search
 from msgcore.model import Transformer, TransformerConfig, preset
@@ -277,6 +279,20 @@ def fused_queries_keys_values(attention: MultiHeadAttention, x, memory, cache):
     return tuple(attention.split_heads(part) for part in F.linear(x, weight, bias).chunk(3, dim=-1))
 
 
+def step_log_probs_in_a_new_tensor(model, tokens, memory, cache, step: int):
+    """generation.step_log_probs with log_softmax into a new (N, V) tensor (the "new tensors" ablation)."""
+    out = model.decode(tokens[:, -1:], memory, cache, start_pos=step)
+    return torch.log_softmax(out.logits[:, -1].float(), dim=-1), out.cache
+
+
+def candidates_in_a_new_tensor(scores: torch.Tensor, logp: torch.Tensor, n: int):
+    """generation.best_candidates adding the beam scores into a new (B, k*V) tensor (the same ablation)."""
+    B, k = scores.shape
+    V = logp.size(-1)
+    cand_scores, index = (scores.view(-1, 1) + logp).view(B, k * V).topk(n, dim=1)  # (B, n)
+    return cand_scores, index // V, index % V
+
+
 @torch.no_grad()
 def greedy_without_cache(model, src, mask, length: int):
     """Greedy search that re-runs the decoder over the whole prefix at every step (the "no KV cache" ablation)."""
@@ -300,6 +316,9 @@ def decode_worker(spec: dict, cfg: BenchConfig) -> dict:
         translate = lambda src, mask: beam_search(PerHypothesisMemory(model, spec["beam"]), [src], [mask],  # noqa: E731
                                                   BOS_ID, EOS_ID, msgcore_generation_config(spec["beam"], cfg.decode_length),
                                                   forbidden=[PAD_ID, BOS_ID, EOS_ID])
+    if spec.get("step tensors") == "new":  # this worker's searches allocate two (N, V) tensors per step
+        generation_module.step_log_probs = step_log_probs_in_a_new_tensor
+        generation_module.best_candidates = candidates_in_a_new_tensor
     if spec.get("reorder") == "compact":
         layers_module.reorder_with_room = lambda kv, index: kv.index_select(0, index)  # no room: appending copies
     size = spec["batch"]
@@ -374,7 +393,9 @@ def plan(presets: list[str], device: torch.device, skip_hf: bool, with_compile: 
               dict(kind="decode", **ablation, beam=5, batch=64, memory="per hypothesis",
                    ablation="encoder output repeated per hypothesis (cross-attention K/V per beam)"),
               dict(kind="decode", **ablation, beam=5, batch=64, reorder="compact",
-                   ablation="beam reorder leaves no room (the next step's append copies the cache again)")]
+                   ablation="beam reorder leaves no room (the next step's append copies the cache again)"),
+              dict(kind="decode", **ablation, beam=5, batch=64, **{"step tensors": "new"},
+                   ablation="log-probs and candidate scores in new (N, V) tensors at every step")]
     if device.type == "cpu":  # on CUDA the Trainer's AdamW is already fused
         specs.append(dict(kind="train", **ablation, fused_adamw=True, ablation="AdamW fused=True (CPU kernel)"))
     specs += [dict(kind="profile", of=of, library=lib, preset=p, dtype=dtype, **extra)

@@ -68,15 +68,19 @@ def apply_constraints(logp: Tensor, tokens: Tensor, step: int, max_len: Tensor, 
         rows = torch.arange(tokens.size(0), device=tokens.device).unsqueeze(1).expand_as(banned)
         logp[rows[matches], banned[matches]] = float("-inf")
     at_limit = step + 1 >= max_len  # (N,) the next token must be </s>
-    logp[at_limit] = float("-inf")
-    logp[at_limit, eos_id] = eos_logp[at_limit]  # keep its real log-prob so scores stay comparable
+    if at_limit.any():  # most steps have no row at its limit: skip two passes over (N, V)
+        logp[at_limit] = float("-inf")
+        logp[at_limit, eos_id] = eos_logp[at_limit]  # keep its real log-prob so scores stay comparable
     return logp
 
 
 def step_log_probs(model, tokens: Tensor, memory: list[EncoderOut], cache, step: int) -> tuple[Tensor, list]:
     """Feed the last token of each row; return next-token log-probs (N, V) in fp32 and the new cache."""
     out = model.decode(tokens[:, -1:], memory, cache, start_pos=step)
-    return torch.log_softmax(out.logits[:, -1].float(), dim=-1), out.cache
+    logits = out.logits[:, -1].float()  # (N, V)
+    if logits.requires_grad:
+        return torch.log_softmax(logits, dim=-1), out.cache
+    return torch.log_softmax(logits, dim=-1, out=logits), out.cache  # in place: no new (N, V) tensor per step
 
 
 @torch.no_grad()
@@ -135,11 +139,12 @@ def beam_search(model, sources: list[Tensor], source_masks: list[Tensor], prefix
 def best_candidates(scores: Tensor, logp: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
     """The n best one-token extensions of each sentence's k beams: (scores, source beam, token), each (B, n).
 
-    scores (B, k) of the live beams, logp (B*k, V): every candidate scores score(beam) + log p(token | beam).
+    scores (B, k) of the live beams, logp (B*k, V), which is overwritten: every candidate scores
+    score(beam) + log p(token | beam).
     """
     B, k = scores.shape
     V = logp.size(-1)
-    candidates = (scores.view(-1, 1) + logp).view(B, k * V)  # (B, k*V)
+    candidates = logp.add_(scores.view(-1, 1)).view(B, k * V)  # (B, k*V), in place: no new (B*k, V) tensor
     cand_scores, index = candidates.topk(n, dim=1)  # (B, n)
     return cand_scores, index // V, index % V
 

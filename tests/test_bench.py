@@ -135,3 +135,20 @@ def test_the_fused_qkv_ablation_computes_the_same_attention():
     memory = torch.randn(2, 7, 32)  # cross-attention keeps its own projections
     for got, expected in zip(fused_queries_keys_values(attn, x, memory, None), attn.queries_keys_values(x, memory, None)):
         assert torch.equal(got, expected)
+
+
+def test_the_new_tensor_ablation_computes_the_same_search_step():
+    from msgcore.generation import best_candidates, step_log_probs
+
+    torch.manual_seed(0)
+    model = Transformer(preset("tiny", vocab_size=20, d_model=32, d_ff=64, dropout=0.0)).eval()
+    memory = model.encode([torch.randint(4, 20, (2, 5))], [torch.ones(2, 5, dtype=torch.bool)])
+    tokens = torch.randint(4, 20, (2, 3))
+    with torch.no_grad():
+        logp, _ = step_log_probs(model, tokens, memory, None, 0)
+        expected, _ = bench.step_log_probs_in_a_new_tensor(model, tokens, memory, None, 0)
+    assert torch.equal(logp, expected)
+    scores, logp = torch.randn(2, 3), torch.log_softmax(torch.randn(6, 20), -1)
+    expected = bench.candidates_in_a_new_tensor(scores, logp, 6)
+    for got, want in zip(best_candidates(scores, logp.clone(), 6), expected):
+        assert torch.equal(got, want)
