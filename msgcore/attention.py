@@ -71,8 +71,8 @@ def causal_mask(query_len: int, key_len: int, device: torch.device) -> Tensor:
 
 def reorder_with_room(cached: Tensor, index: Tensor) -> Tensor:
     """Rows `index` of cached keys or values (B, H, t, Dh), copied into a buffer (B', H, t+1, Dh) and returned
-    as its first t positions: the next `append_to_cache` fills the last one in place. Meant for one next
-    step (beam search reorders again after it)."""
+    as its first t positions: the next `append_to_cache` fills the last one in place (once: a second
+    append from the same cache concatenates, so two branches never share the room)."""
     if cached.requires_grad:
         return cached.index_select(0, index)  # autograd cannot follow a copy into a buffer: no room
     _, H, t, Dh = cached.shape
@@ -87,10 +87,11 @@ def append_to_cache(cached: Tensor, new: Tensor) -> Tensor:
     B, H, t, Dh = cached.shape
     full = (B, H, t + new.size(2), Dh)
     strides = (H * full[2] * Dh, full[2] * Dh, Dh, 1)  # those of a contiguous (B, H, t+T, Dh) buffer
-    room = (cached.stride() == strides and cached.storage_offset() == 0
+    room = (cached.stride() == strides and cached.storage_offset() == 0 and not getattr(cached, "room_taken", False)
             and cached.untyped_storage().nbytes() >= B * H * full[2] * Dh * cached.element_size())
     if not room:
         return torch.cat([cached, new], dim=2)
+    cached.room_taken = True  # a second step from this cache (another branch) must not overwrite this one
     extended = cached.as_strided(full, strides)
     extended[:, :, t:] = new
     return extended

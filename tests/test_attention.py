@@ -143,6 +143,8 @@ def test_a_reordered_cache_takes_the_next_step_in_place_and_equals_reorder_then_
     # a cache without room (a plain tensor, or one already extended) is concatenated, never written over
     again = append_to_cache(appended, torch.zeros(3, 2, 1, 8))
     assert again.data_ptr() != appended.data_ptr() and torch.equal(appended[:, :, 5:], new)
+    branch = append_to_cache(reordered, torch.zeros(3, 2, 1, 8))  # a second step from the same reordered cache
+    assert torch.equal(appended[:, :, 5:], new) and torch.equal(branch[:, :, 5:], torch.zeros(3, 2, 1, 8))
     first, second = append_to_cache(cached, new[:1].expand(4, -1, -1, -1)), append_to_cache(cached, -cached[:, :, :1])
     assert torch.equal(first[:, :, :5], cached) and torch.equal(second[:, :, 5:], -cached[:, :, :1])
 
