@@ -259,7 +259,7 @@ MIXREP_SCALES: dict[str, MixRepScale] = {
         notes="CI only: checks that every code path of the chapter runs; its numbers mean nothing and every gate "
               "fails."),
     "small": MixRepScale(
-        "small", (("de", "en"),), mixrep_train=dict(sdpa_backends=("math",)),
+        "small", (("de", "en"),),
         notes="2 CPU threads: De→En only, one seed, chapter 0's `small` recipe (d=256, 3+3 layers, bf16, 6 epochs). "
               "The narrow SP baseline is chapter 0's run (reused from the run cache); MixRep (two streams of that "
               "size) is the one run trained here, with torch's math SDPA kernel (the same attention; under bf16 on "
