@@ -5,10 +5,11 @@ Each toolkit trains Multi30k De->En on the same sentences (msgcore.data.load_mul
 training time (`--minutes`, 10 by default) on the same number of CPU threads (`--threads`, 2), each in a fresh
 process, at its own recommended settings for a small Transformer:
     msgcore  chapter 0's `small` recipe (BASELINE_SCALES["small"]): the `small` preset (d=256, 3+3 layers,
-             pre-norm), bf16 autocast, AdamW lr 1e-3 with 400 warmup updates and inverse-sqrt decay, 2,048-token
-             length-bucketed batches, label smoothing 0.1, joint sentencepiece unigram vocabulary of 8,000
-    msgcore-math  the same recipe with TrainConfig.sdpa_backends=("math",): the same attention on torch's math
-             kernel instead of its fused CPU kernel (faster per step on short sequences under bf16 on CPU)
+             pre-norm), bf16 autocast with torch's math SDPA kernel, AdamW lr 1e-3 with 400 warmup updates and
+             inverse-sqrt decay, 2,048-token length-bucketed batches, label smoothing 0.1, joint sentencepiece
+             unigram vocabulary of 8,000
+    msgcore-fused  the same recipe with TrainConfig.sdpa_backends=(): torch picks the attention kernel (its fused
+             CPU kernel, slower per step on short sequences under bf16 on CPU); the ablation of the recipe's kernel
     joeynmt  JoeyNMT 2.3's Transformer recipe for IWSLT14 De->En (its configs/iwslt14_deen_bpe.yaml: d=256, 6+6
              layers, 4 heads, FFN 1024, dropout 0.3, AdamW lr 3e-4 on a plateau schedule, 4,096-token batches,
              label smoothing 0.1), cased, with the same sentencepiece model as msgcore instead of subword-nmt BPE
@@ -46,10 +47,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
-TOOLKITS = ("msgcore", "msgcore-math", "joeynmt", "hf")
-NAMES = {"msgcore": "msgcore", "msgcore-math": "msgcore, math SDPA kernel", "joeynmt": "JoeyNMT",
+TOOLKITS = ("msgcore", "msgcore-fused", "joeynmt", "hf")
+NAMES = {"msgcore": "msgcore", "msgcore-fused": "msgcore, torch's choice of SDPA kernel", "joeynmt": "JoeyNMT",
          "hf": "Hugging Face transformers"}
-OURS = ("msgcore", "msgcore-math")  # msgcore's rows; every other toolkit is a peer
+OURS = ("msgcore", "msgcore-fused")  # msgcore's rows; every other toolkit is a peer
 SETUP = "bash book/benchmarks/peers/setup.sh"
 DEFAULT_VENV = Path.home() / ".cache" / "msgcore" / "peers-venv"
 TEST_SPLIT = "test_2016_flickr"
@@ -310,7 +311,7 @@ def msgcore_run(data, scale, job: dict, out_dir: Path, now: Callable[[], float] 
 
 
 def msgcore_worker(job: dict) -> dict:
-    """Chapter 0's `small` recipe; for "msgcore-math" with the math SDPA kernel (TrainConfig.sdpa_backends)."""
+    """Chapter 0's `small` recipe; for "msgcore-fused" with torch's choice of SDPA kernel (TrainConfig.sdpa_backends)."""
     import torch
 
     import msgcore
@@ -318,8 +319,8 @@ def msgcore_worker(job: dict) -> dict:
 
     data = shared_data(job)
     scale = BASELINE_SCALES["small"]
-    if job["toolkit"] == "msgcore-math":
-        scale = replace(scale, train=replace(scale.train, sdpa_backends=("math",)))
+    if job["toolkit"] == "msgcore-fused":
+        scale = replace(scale, train=replace(scale.train, sdpa_backends=()))
     out_dir = Path(job["work"]) / job["toolkit"]
     return {"version": f"{msgcore.__version__}", "torch": torch.__version__,
             **msgcore_run(data, scale, job, out_dir)}
@@ -544,7 +545,7 @@ def hf_worker(job: dict) -> dict:
                          "optimizer": args.optim, "max_grad_norm": args.max_grad_norm}}
 
 
-WORKERS = {"msgcore": msgcore_worker, "msgcore-math": msgcore_worker, "joeynmt": joeynmt_worker, "hf": hf_worker}
+WORKERS = {"msgcore": msgcore_worker, "msgcore-fused": msgcore_worker, "joeynmt": joeynmt_worker, "hf": hf_worker}
 
 
 def run_worker_here(job: dict) -> None:
@@ -621,9 +622,7 @@ def tables(report: dict) -> dict:
                      "wall minutes": round(r["wall minutes"], 1), "run": r.get("run", "–")})
         curves += [{"toolkit": NAMES[name], "minutes": round(p["minutes"], 2), "updates": p["updates"],
                     "target tokens": p["target tokens"], "test BLEU": round(p["test BLEU"], 2)} for p in r["curve"]]
-        kernels = r["settings"].get("training", {}).get("sdpa_backends")
-        recipes.append({"toolkit": NAMES[name], "recipe": r["settings"]["recipe"]
-                        + (f"; SDPA kernels: {', '.join(kernels)} (TrainConfig.sdpa_backends)" if kernels else "")})
+        recipes.append({"toolkit": NAMES[name], "recipe": r["settings"]["recipe"] + kernel_note(r["settings"])})
     out = {"toolkits": pd.DataFrame(rows), "recipes": pd.DataFrame(recipes), "curves": pd.DataFrame(curves)}
     for ours, cmp in comparisons(report).items():
         key = "comparison" if ours == "msgcore" else f"comparison, {NAMES[ours]}"
@@ -683,9 +682,18 @@ def markdown(report: dict) -> str:
     return "\n".join(lines + [""])
 
 
+def kernel_note(settings: dict) -> str:
+    """"; SDPA kernels: math (...)" for a msgcore row, which names its attention kernels; "" for a peer's."""
+    kernels = settings.get("training", {}).get("sdpa_backends")
+    if kernels is None:
+        return ""
+    return f"; SDPA kernels: {', '.join(kernels) or 'torch chooses'} (TrainConfig.sdpa_backends)"
+
+
 def earlier_results(path: Path, config: dict, training: list[str]) -> tuple[dict, str | None]:
     """(the toolkits of the report at `path` that this run does not train, None), or ({}, the reason they cannot
-    be kept): they must have run at the same budget, threads, curve points, final beam and test set."""
+    be kept): they must have run at the same budget, threads, curve points, final beam and test set. A toolkit
+    this bench no longer names (a variant since renamed or dropped) is not kept."""
     if not path.is_file():
         return {}, None
     try:
@@ -697,7 +705,7 @@ def earlier_results(path: Path, config: dict, training: list[str]) -> tuple[dict
         if old_config.get(key) != config[key]:
             return {}, f"--merge: {path} ran with {key} {old_config.get(key)!r}, this run with {config[key]!r}"
     return {name: {"run": f"commit {env['git commit']}, {env['date']}", **r}
-            for name, r in old["toolkits"].items() if name not in training}, None
+            for name, r in old["toolkits"].items() if name not in training and name in TOOLKITS}, None
 
 
 def write_report(report: dict, out: Path) -> Path:

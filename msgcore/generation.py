@@ -4,7 +4,8 @@ Beam search follows the usual NMT recipe (Wu et al. 2016; fairseq's `SequenceGen
     * each step expands every live hypothesis and keeps the 2k best candidates per sentence;
     * a candidate ending in </s> that ranks within the top k is finished, scored
       log p(y) / |y|^alpha (|y| counts </s>; alpha = `len_penalty`);
-    * the other top-k candidates live on; a sentence is done once it has k finished hypotheses.
+    * the other top-k candidates live on; a sentence is done once it has k finished hypotheses, and leaves the
+      batch.
 Both searches work for any model with `encode(sources, masks)` and `decode(tokens, memory, cache,
 start_pos)`, so single- and multi-source models share them.
 """
@@ -112,28 +113,59 @@ def strip(ids: list[int], eos_id: int) -> list[int]:
 @torch.no_grad()
 def beam_search(model, sources: list[Tensor], source_masks: list[Tensor], prefix_id: int, eos_id: int,
                 cfg: GenerationConfig, forbidden: list[int] = ()) -> list[list[int]]:
-    """Batched beam search; returns the best finished hypothesis per sentence."""
+    """Batched beam search; returns the best finished hypothesis per sentence.
+
+    A sentence with k finished hypotheses leaves the batch (as in fairseq's SequenceGenerator): its rows of the
+    tokens, the cache and the memory are dropped at the reorder that every step does anyway, so the remaining steps
+    compute only the sentences still searching.
+    """
     B, k, device = sources[0].size(0), cfg.beam_size, sources[0].device
     memory = model.encode(sources, source_masks)  # B rows: cross-attention lets a sentence's k hypotheses share one
+    per_hypothesis = memory_rows(memory[0]) != B  # a memory repeated per hypothesis (the bench's ablation)
     max_len = max_lengths(source_masks, cfg).repeat_interleave(k)  # (B*k,)
     tokens = torch.full((B * k, 1), prefix_id, dtype=torch.long, device=device)
     scores = torch.full((B, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: keep one alive so candidates are distinct
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
+    live = list(range(B))  # the sentence each row block of the batch belongs to
     cache = None
     for step in range(int(max_len.max())):
         logp, cache = step_log_probs(model, tokens, memory, cache, step)
         logp = apply_constraints(logp, tokens, step, max_len, eos_id, list(forbidden), cfg)
-        cand_scores, cand_beam, cand_token = best_candidates(scores, logp, 2 * k)  # (B, 2k) each
+        cand_scores, cand_beam, cand_token = best_candidates(scores, logp, 2 * k)  # (B', 2k) each
         is_eos = (cand_token == eos_id) & torch.isfinite(cand_scores)
-        finish_hypotheses(finished, tokens, cand_scores, cand_beam, is_eos, step, k, cfg.len_penalty)
-        if all(len(f) >= k for f in finished):
+        finish_hypotheses([finished[b] for b in live], tokens, cand_scores, cand_beam, is_eos, step, k,
+                          cfg.len_penalty)
+        keep = sentences_to_keep([len(finished[b]) >= k for b in live])  # None: every sentence is still searching
+        if keep == []:
             break
         scores, beam, token = next_beams(cand_scores, cand_beam, cand_token, is_eos, k)
-        rows = (torch.arange(B, device=device).unsqueeze(1) * k + beam).view(-1)  # (B*k,)
+        blocks, memory_index = torch.arange(len(live), device=device), None
+        if keep is not None:  # drop the done sentences' rows
+            blocks = torch.tensor(keep, device=device)
+            scores, beam, token = scores[blocks], beam[blocks], token[blocks]
+            max_len, live = max_len.view(-1, k)[blocks].view(-1), [live[i] for i in keep]
+            memory_index = hypothesis_rows(blocks, k) if per_hypothesis else blocks
+            memory = [m.index_select(memory_index) for m in memory]
+        rows = (blocks.unsqueeze(1) * k + beam).view(-1)  # (B'*k,) the surviving hypotheses' rows
         tokens = torch.cat([tokens[rows], token.view(-1, 1)], dim=1)
-        cache = [layer.index_select(rows, reorder_cross=False) for layer in cache]
+        cache = [layer.index_select(rows, memory_index) for layer in cache]  # cross K/V have the memory's rows
     return [max(f)[1] if f else [] for f in finished]
+
+
+def sentences_to_keep(done: list[bool]) -> list[int] | None:
+    """The batch positions of the sentences still searching, or None when none is done (nothing to drop)."""
+    return [i for i, d in enumerate(done) if not d] if any(done) else None
+
+
+def hypothesis_rows(sentences: Tensor, k: int) -> Tensor:
+    """(n,) sentence positions -> (n*k,) the rows of their k hypotheses."""
+    return (sentences.unsqueeze(1) * k + torch.arange(k, device=sentences.device)).view(-1)
+
+
+def memory_rows(memory) -> int:
+    """Batch rows of one memory entry: an EncoderOut (or a model's subclass of it), or an ensemble member's."""
+    return memory.mask.size(0) if hasattr(memory, "mask") else memory_rows(memory.parts[0])
 
 
 def best_candidates(scores: Tensor, logp: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -151,7 +183,7 @@ def best_candidates(scores: Tensor, logp: Tensor, n: int) -> tuple[Tensor, Tenso
 
 def finish_hypotheses(finished, tokens: Tensor, cand_scores: Tensor, cand_beam: Tensor, is_eos: Tensor,
                       step: int, k: int, len_penalty: float) -> None:
-    """Move </s> candidates ranked within the top k into each sentence's finished list."""
+    """Move </s> candidates ranked within the top k into each sentence's finished list (one per batch position)."""
     top_k = torch.zeros_like(is_eos)
     top_k[:, :k] = True
     for b, rank in (is_eos & top_k).nonzero().tolist():
@@ -222,9 +254,10 @@ class MemberState:
 
     parts: list  # that member's EncoderOut list, or its per-layer caches
 
-    def index_select(self, index: Tensor, reorder_cross: bool = True) -> "MemberState":
+    def index_select(self, index: Tensor, cross_index: Tensor | None = None) -> "MemberState":
+        """Memory: rows `index`. Cache: as LayerCache.index_select (hypothesis rows, and the memory's rows)."""
         return MemberState([part.index_select(index) if isinstance(part, EncoderOut)
-                            else part.index_select(index, reorder_cross=reorder_cross) for part in self.parts])
+                            else part.index_select(index, cross_index) for part in self.parts])
 
 
 @dataclass

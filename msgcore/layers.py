@@ -40,12 +40,14 @@ class LayerCache:
     self_kv: KV | None = None  # (k, v) of all earlier target positions, each (B, H, t, Dh)
     cross_kv: list[KV] | None = None  # one (k, v) per encoded source, computed at step 0
 
-    def index_select(self, index: Tensor, reorder_cross: bool = True) -> "LayerCache":
-        """Reorder the batch (beam search). Cross K/V only differ between sentences, not beams."""
+    def index_select(self, index: Tensor, cross_index: Tensor | None = None) -> "LayerCache":
+        """Reorder the batch (beam search): the self-attention K/V to the hypothesis rows `index`; the cross K/V,
+        which have the memory's rows (one per sentence, shared by its beams), to `cross_index` (None = unchanged:
+        no sentence left the batch)."""
         self_kv = tuple(reorder_with_room(t, index) for t in self.self_kv)  # room for the next step's keys
         cross_kv = self.cross_kv
-        if reorder_cross and cross_kv is not None:
-            cross_kv = [tuple(t.index_select(0, index) for t in kv) for kv in cross_kv]
+        if cross_index is not None and cross_kv is not None:
+            cross_kv = [tuple(t.index_select(0, cross_index) for t in kv) for kv in cross_kv]
         return LayerCache(self_kv, cross_kv)
 
 

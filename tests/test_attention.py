@@ -166,7 +166,7 @@ def check_reordered_steps(model, memory, tokens, index):
     from msgcore.layers import LayerCache
 
     out = model.decode(tokens[:, :3], memory)
-    reordered = [c.index_select(index, reorder_cross=False) for c in out.cache]
+    reordered = [c.index_select(index) for c in out.cache]
     stepped = model.decode(tokens[index, 3:], memory, reordered, start_pos=3)
     assert stepped.cache[0].self_kv[0].data_ptr() == reordered[0].self_kv[0].data_ptr()  # appended in place
     concatenated = [LayerCache(tuple(t.index_select(0, index).contiguous() for t in c.self_kv), c.cross_kv)

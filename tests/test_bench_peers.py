@@ -187,16 +187,23 @@ def test_the_budget_stops_a_msgcore_run(tmp_path):
 
 
 def test_each_msgcore_variant_is_compared_with_the_peers_only():
-    results = {"msgcore": result([(5, 20), (10, 30)], 31.0), "msgcore-math": result([(2, 20), (10, 33)], 34.0),
+    results = {"msgcore": result([(2, 20), (10, 33)], 34.0), "msgcore-fused": result([(5, 20), (10, 30)], 31.0),
                "hf": result([(5, 15), (10, 25)], 26.0)}
-    fused, math = bench_peers.comparison(results, "msgcore"), bench_peers.comparison(results, "msgcore-math")
+    math, fused = bench_peers.comparison(results, "msgcore"), bench_peers.comparison(results, "msgcore-fused")
     assert [r["peer"] for r in fused["peers"]] == ["hf"] and [r["peer"] for r in math["peers"]] == ["hf"]
     assert math["time fraction"] < fused["time fraction"]
-    assert bench_peers.comparison({k: results[k] for k in ("msgcore", "msgcore-math")}) is None  # no peer
-    report = {**sample_report(), "comparisons": {"msgcore": fused, "msgcore-math": math}}
+    assert bench_peers.comparison({k: results[k] for k in ("msgcore", "msgcore-fused")}) is None  # no peer
+    report = {**sample_report(), "comparisons": {"msgcore": math, "msgcore-fused": fused}}
     lines = bench_peers.verdict(report)
     assert sum(line.startswith("Goal for msgcore,") for line in lines) == 1 and len(lines) == 6
-    assert {"comparison", "comparison, msgcore, math SDPA kernel"} <= set(bench_peers.tables(report))
+    assert {"comparison", "comparison, msgcore, torch's choice of SDPA kernel"} <= set(bench_peers.tables(report))
+
+
+def test_a_msgcore_row_names_its_attention_kernels_and_a_peer_row_does_not():
+    assert bench_peers.kernel_note({"training": {"sdpa_backends": ["math"]}}) == \
+        "; SDPA kernels: math (TrainConfig.sdpa_backends)"
+    assert "torch chooses" in bench_peers.kernel_note({"training": {"sdpa_backends": []}})
+    assert bench_peers.kernel_note({"recipe": "JoeyNMT's"}) == ""
 
 
 def test_merge_keeps_the_earlier_toolkits_this_run_does_not_train_and_refuses_another_budget(tmp_path, capsys,
@@ -206,11 +213,15 @@ def test_merge_keeps_the_earlier_toolkits_this_run_does_not_train_and_refuses_an
     kept, problem = bench_peers.earlier_results(path, report["config"], ["msgcore"])
     assert problem is None and set(kept) == {"joeynmt", "hf"}
     assert kept["joeynmt"]["run"] == "commit abc1234, today"
+    renamed = {**report, "toolkits": {**report["toolkits"], "msgcore-math": report["toolkits"]["msgcore"]}}
+    old = tmp_path / "old.json"  # a variant an earlier bench ran under a name since dropped
+    old.write_text(json.dumps(renamed))
+    assert set(bench_peers.earlier_results(old, report["config"], ["msgcore"])[0]) == {"joeynmt", "hf"}
     _, problem = bench_peers.earlier_results(path, {**report["config"], "minutes": 5.0}, ["msgcore"])
     assert "minutes 10.0" in problem and "5.0" in problem
     assert bench_peers.earlier_results(tmp_path / "none.json", report["config"], ["msgcore"]) == ({}, None)
     monkeypatch.setattr(bench_peers, "launch", lambda *a: pytest.fail("a worker started"))
     monkeypatch.setattr(bench_peers, "report_slug", lambda env: path.stem)
-    assert bench_peers.main(["--toolkits", "msgcore-math", "--merge", "--minutes", "3", "--out", str(tmp_path)]) == 2
+    assert bench_peers.main(["--toolkits", "msgcore-fused", "--merge", "--minutes", "3", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --merge") and err.count("\n") == 1

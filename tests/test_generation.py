@@ -121,6 +121,17 @@ def beam_search_models():
                                                 decoder_self_only_layers=1)), 2
 
 
+def padded_sources(K: int, B: int, width: int, lengths: dict[int, int]):
+    """K sources (B, width + k) of vocabulary 40, row r padded (id 0) after lengths[r] tokens in each."""
+    srcs = [torch.randint(4, 40, (B, width + k)) for k in range(K)]
+    masks = [torch.ones_like(s, dtype=torch.bool) for s in srcs]
+    for s, m in zip(srcs, masks):
+        for row, length in lengths.items():
+            m[row, length:] = False
+        s[~m] = 0
+    return srcs, masks
+
+
 def test_beam_hypotheses_sharing_their_sentences_memory_equal_the_memory_repeated_per_hypothesis():
     from msgcore.bench import PerHypothesisMemory
     from msgcore.generation import Ensemble
@@ -129,11 +140,7 @@ def test_beam_hypotheses_sharing_their_sentences_memory_equal_the_memory_repeate
     for name, model, K in beam_search_models():
         torch.manual_seed(0)
         model.eval()
-        srcs = [torch.randint(4, 40, (4, 5 + k)) for k in range(K)]
-        masks = [torch.ones_like(s, dtype=torch.bool) for s in srcs]
-        for s, m in zip(srcs, masks):
-            m[1, 3:] = False
-            s[~m] = 0
+        srcs, masks = padded_sources(K, 4, 5, {1: 3})
         memory, rows = model.encode(srcs, masks), torch.arange(4).repeat_interleave(3)
         tokens = torch.randint(4, 40, (12, 4))  # 3 hypotheses per sentence, 4 target positions
         torch.testing.assert_close(model.decode(tokens, memory).logits,
@@ -144,3 +151,44 @@ def test_beam_hypotheses_sharing_their_sentences_memory_equal_the_memory_repeate
         if name == "postech parallel":  # an ensemble's members share their memory rows the same way
             ensemble = Ensemble([model, model])
             assert beam_search(ensemble, srcs, masks, BOS, EOS, cfg, forbidden=[0, 1, 2]) == shared
+
+
+def test_sentences_leave_the_beam_batch_when_done_without_changing_any_hypothesis(monkeypatch):
+    """Dropping a done sentence's rows (tokens, cache, memory) gives every model kind, a memory repeated per
+    hypothesis and an ensemble the hypotheses of a search that keeps decoding them."""
+    from msgcore import generation
+    from msgcore.bench import PerHypothesisMemory
+    from msgcore.generation import Ensemble
+
+    dropped, drop = [], generation.sentences_to_keep
+
+    def recording(done):
+        keep = drop(done)
+        if keep:
+            dropped.append(len(done) - len(keep))
+        return keep
+
+    def keep_all(done):
+        return [] if all(done) else None
+
+    cfg = GenerationConfig(beam_size=3, max_len_a=1.0, max_len_b=2)
+    for name, model, K in beam_search_models():
+        torch.manual_seed(0)
+        model.eval()
+        srcs, masks = padded_sources(K, 5, 6, {0: 2, 2: 3, 3: 5, 4: 1})  # the sentences end at other steps
+        searchers = [model, PerHypothesisMemory(model, 3)] + ([Ensemble([model, model])] if name == "trice" else [])
+        for searcher in searchers:
+            dropped.clear()
+            monkeypatch.setattr(generation, "sentences_to_keep", recording)
+            pruned = beam_search(searcher, srcs, masks, BOS, EOS, cfg, forbidden=[0, 1, 2])
+            assert sum(dropped) >= 2, name  # sentences did leave the batch before the last step
+            monkeypatch.setattr(generation, "sentences_to_keep", keep_all)
+            assert pruned == beam_search(searcher, srcs, masks, BOS, EOS, cfg, forbidden=[0, 1, 2]), name
+
+
+def test_sentences_to_keep_names_the_searching_positions_or_none():
+    from msgcore.generation import sentences_to_keep
+
+    assert sentences_to_keep([False, False]) is None
+    assert sentences_to_keep([True, False, True, False]) == [1, 3]
+    assert sentences_to_keep([True, True]) == []

@@ -260,12 +260,11 @@ MIXREP_SCALES: dict[str, MixRepScale] = {
               "fails."),
     "small": MixRepScale(
         "small", (("de", "en"),),
-        notes="2 CPU threads: De→En only, one seed, chapter 0's `small` recipe (d=256, 3+3 layers, bf16, 6 epochs). "
-              "The narrow SP baseline is chapter 0's run (reused from the run cache); MixRep (two streams of that "
-              "size) is the one run trained here, with torch's math SDPA kernel (the same attention; under bf16 on "
-              "CPU it trains MixRep 1.6 times faster than the fused kernel chapter 0 used). A MixRep update still "
-              "costs about 2.1 times a Transformer update (0.94 vs 0.45 s measured here; 3.3 times the attention "
-              "calls), so MixRep's 1,488 updates take about 23 minutes and nothing else fits. The BPE and wide baselines, co-teaching and "
+        notes="2 CPU threads: De→En only, one seed, chapter 0's `small` recipe (d=256, 3+3 layers, bf16 with torch's "
+              "math attention kernel, 6 epochs). The narrow SP baseline is chapter 0's run (reused from the run "
+              "cache); MixRep (two streams of that size) is the one run trained here. A MixRep update costs about 2.3 "
+              "times a Transformer update (0.94 vs 0.41 s measured here; 3.3 times the attention calls), so MixRep's "
+              "1,488 updates take about 23 minutes and nothing else fits. The BPE and wide baselines, co-teaching and "
               "Tables 6-8 run at `full`."),
     "full": MixRepScale(
         "full", (("de", "en"), ("en", "de")), seeds=3, baselines=(SP, BPE), wide=dict(d_model=512),
