@@ -293,6 +293,12 @@ def candidates_in_a_new_tensor(scores: torch.Tensor, logp: torch.Tensor, n: int)
     return cand_scores, index // V, index % V
 
 
+def keep_done_sentences(done: list[bool]) -> list[int] | None:
+    """generation.sentences_to_keep that drops no sentence until all are done (the "done sentences stay" ablation):
+    beam search as it ran before a done sentence left the batch."""
+    return [] if all(done) else None
+
+
 @torch.no_grad()
 def greedy_without_cache(model, src, mask, length: int):
     """Greedy search that re-runs the decoder over the whole prefix at every step (the "no KV cache" ablation)."""
@@ -321,11 +327,18 @@ def decode_worker(spec: dict, cfg: BenchConfig) -> dict:
         generation_module.best_candidates = candidates_in_a_new_tensor
     if spec.get("reorder") == "compact":
         layers_module.reorder_with_room = lambda kv, index: kv.index_select(0, index)  # no room: appending copies
+    lengths = None
+    if spec.get("lengths") == "source":  # each output as long as its source allows: the sentences end apart
+        lengths = GenerationConfig(beam_size=spec["beam"], max_len_a=1.2, max_len_b=10, min_len=1)
+        translate = lambda src, mask: model.generate([src], [mask], BOS_ID, EOS_ID, lengths,  # noqa: E731
+                                                     forbidden=[PAD_ID, BOS_ID, EOS_ID])  # </s> only at the limit
+    if spec.get("done sentences") == "kept":
+        generation_module.sentences_to_keep = keep_done_sentences
     size = spec["batch"]
     n = cfg.batch1_sentences if size == 1 else cfg.decode_batches
     groups = [list(range(i * size, (i + 1) * size)) for i in range(cfg.warmup_steps + n)]
     dtype = torch.bfloat16 if spec["dtype"] == "bf16" else None
-    times = []
+    times, rates = [], []
     profiler = step_profiler(spec)
     for i, group in enumerate(groups):
         batch = collate(test, group).to(device)
@@ -338,9 +351,13 @@ def decode_worker(spec: dict, cfg: BenchConfig) -> dict:
         sync(device)
         if i >= cfg.warmup_steps:
             times.append(time.perf_counter() - start)
+            if lengths:  # the tokens this batch generated, </s> included
+                rates.append(generation_module.max_lengths(batch.source_masks, lengths).sum().item() / times[-1])
     if profiler:
         profiler.stop()
         return time_shares(profiler, sum(times))
+    if lengths:
+        return {"generated tokens/s": statistics.median(rates)}
     return {"generated tokens/s": size * (cfg.decode_length + 1) / statistics.median(times)}
 
 
@@ -374,6 +391,9 @@ def time_shares(profiler, seconds: float) -> dict:
 
 # ---- the plan, the workers and the report ------------------------------------------------------------------
 
+SOURCE_LENGTHS = "each output as long as its source allows (1.2 |x| + 10 tokens), so the sentences end apart"
+
+
 def plan(presets: list[str], device: torch.device, skip_hf: bool, with_compile: bool) -> list[dict]:
     """Every measurement as a spec: kind, library, preset, dtype and the knobs of the ablations."""
     dtype = "bf16" if device.type == "cuda" else "fp32"
@@ -395,7 +415,11 @@ def plan(presets: list[str], device: torch.device, skip_hf: bool, with_compile: 
               dict(kind="decode", **ablation, beam=5, batch=64, reorder="compact",
                    ablation="beam reorder leaves no room (the next step's append copies the cache again)"),
               dict(kind="decode", **ablation, beam=5, batch=64, **{"step tensors": "new"},
-                   ablation="log-probs and candidate scores in new (N, V) tensors at every step")]
+                   ablation="log-probs and candidate scores in new (N, V) tensors at every step"),
+              dict(kind="decode", **ablation, beam=5, batch=64, lengths="source", ablation=SOURCE_LENGTHS),
+              dict(kind="decode", **ablation, beam=5, batch=64, lengths="source", against=SOURCE_LENGTHS,
+                   **{"done sentences": "kept"},
+                   ablation="done sentences stay in the beam batch (against outputs as long as their sources)")]
     if device.type == "cpu":  # on CUDA the Trainer's AdamW is already fused
         specs.append(dict(kind="train", **ablation, fused_adamw=True, ablation="AdamW fused=True (CPU kernel)"))
     specs += [dict(kind="profile", of=of, library=lib, preset=p, dtype=dtype, **extra)

@@ -84,9 +84,12 @@ def test_a_change_on_top_of_an_ablation_is_measured_against_that_ablations_row()
     table = bench.tables({"rows": [base, bf16, stacked], "ratios": [], "padding": {}})["ablations"]
     assert list(table["msgcore as is"]) == [300, 480] and list(table["speed with / without the change"]) == [1.6, 1.5]
     specs = bench.plan(["small"], torch.device("cpu"), skip_hf=True, with_compile=False)
-    (row,) = [s for s in specs if "against" in s]
-    assert row["sdpa_backends"] == ["math"] and row["dtype"] == "bf16"
-    assert any(s.get("ablation") == row["against"] for s in specs)  # its base row is measured too
+    stacked_rows = [s for s in specs if "against" in s]
+    for row in stacked_rows:
+        assert sum(s.get("ablation") == row["against"] for s in specs) == 1  # its base row is measured too
+    kernel, done = sorted(stacked_rows, key=lambda s: s["kind"] == "decode")
+    assert kernel["sdpa_backends"] == ["math"] and kernel["dtype"] == "bf16"
+    assert done["done sentences"] == "kept" and done["lengths"] == "source"  # same lengths as its base row
 
 
 def test_the_kernel_choice_of_a_spec_is_checked_like_the_trainers():

@@ -157,7 +157,7 @@ def test_sentences_leave_the_beam_batch_when_done_without_changing_any_hypothesi
     """Dropping a done sentence's rows (tokens, cache, memory) gives every model kind, a memory repeated per
     hypothesis and an ensemble the hypotheses of a search that keeps decoding them."""
     from msgcore import generation
-    from msgcore.bench import PerHypothesisMemory
+    from msgcore.bench import PerHypothesisMemory, keep_done_sentences
     from msgcore.generation import Ensemble
 
     dropped, drop = [], generation.sentences_to_keep
@@ -167,9 +167,6 @@ def test_sentences_leave_the_beam_batch_when_done_without_changing_any_hypothesi
         if keep:
             dropped.append(len(done) - len(keep))
         return keep
-
-    def keep_all(done):
-        return [] if all(done) else None
 
     cfg = GenerationConfig(beam_size=3, max_len_a=1.0, max_len_b=2)
     for name, model, K in beam_search_models():
@@ -182,7 +179,7 @@ def test_sentences_leave_the_beam_batch_when_done_without_changing_any_hypothesi
             monkeypatch.setattr(generation, "sentences_to_keep", recording)
             pruned = beam_search(searcher, srcs, masks, BOS, EOS, cfg, forbidden=[0, 1, 2])
             assert sum(dropped) >= 2, name  # sentences did leave the batch before the last step
-            monkeypatch.setattr(generation, "sentences_to_keep", keep_all)
+            monkeypatch.setattr(generation, "sentences_to_keep", keep_done_sentences)  # the bench's ablation
             assert pruned == beam_search(searcher, srcs, masks, BOS, EOS, cfg, forbidden=[0, 1, 2]), name
 
 
