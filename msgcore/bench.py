@@ -11,7 +11,7 @@ What is measured; every measurement runs in a fresh worker process, so that both
     mfu       on CUDA: model FLOPs utilisation of training, FLOPs counted analytically (`train_flops`)
     ablation  msgcore with one optimisation turned off (SDPA, KV cache, length bucketing, bf16, beam
               hypotheses sharing their sentence's encoder output, room for the next step in the beam reorder,
-              a search step's log-probs computed in place) or on
+              a search step's log-probs computed in place, the beam's top-k in chunks) or on
               (torch.compile, torch's math SDPA kernel under bf16, fused AdamW on CPU, a fused QKV projection),
               to show what each buys
     profile   where the time of training and beam-5 decoding goes, for both libraries (torch.profiler): the
@@ -289,7 +289,7 @@ def candidates_in_a_new_tensor(scores: torch.Tensor, logp: torch.Tensor, n: int)
     """generation.best_candidates adding the beam scores into a new (B, k*V) tensor (the same ablation)."""
     B, k = scores.shape
     V = logp.size(-1)
-    cand_scores, index = (scores.view(-1, 1) + logp).view(B, k * V).topk(n, dim=1)  # (B, n)
+    cand_scores, index = generation_module.topk_in_chunks((scores.view(-1, 1) + logp).view(B, k * V), n)  # (B, n)
     return cand_scores, index // V, index % V
 
 
@@ -325,6 +325,8 @@ def decode_worker(spec: dict, cfg: BenchConfig) -> dict:
     if spec.get("step tensors") == "new":  # this worker's searches allocate two (N, V) tensors per step
         generation_module.step_log_probs = step_log_probs_in_a_new_tensor
         generation_module.best_candidates = candidates_in_a_new_tensor
+    if spec.get("topk") == "one pass":
+        generation_module.topk_in_chunks = lambda x, n: x.topk(n, dim=1)
     if spec.get("reorder") == "compact":
         layers_module.reorder_with_room = lambda kv, index: kv.index_select(0, index)  # no room: appending copies
     lengths = None
@@ -416,6 +418,8 @@ def plan(presets: list[str], device: torch.device, skip_hf: bool, with_compile: 
                    ablation="beam reorder leaves no room (the next step's append copies the cache again)"),
               dict(kind="decode", **ablation, beam=5, batch=64, **{"step tensors": "new"},
                    ablation="log-probs and candidate scores in new (N, V) tensors at every step"),
+              dict(kind="decode", **ablation, beam=5, batch=64, topk="one pass",
+                   ablation="one torch.topk over all k*V candidates (not the best chunks first)"),
               dict(kind="decode", **ablation, beam=5, batch=64, lengths="source", ablation=SOURCE_LENGTHS),
               dict(kind="decode", **ablation, beam=5, batch=64, lengths="source", against=SOURCE_LENGTHS,
                    **{"done sentences": "kept"},

@@ -177,8 +177,30 @@ def best_candidates(scores: Tensor, logp: Tensor, n: int) -> tuple[Tensor, Tenso
     B, k = scores.shape
     V = logp.size(-1)
     candidates = logp.add_(scores.view(-1, 1)).view(B, k * V)  # (B, k*V), in place: no new (B*k, V) tensor
-    cand_scores, index = candidates.topk(n, dim=1)  # (B, n)
+    cand_scores, index = topk_in_chunks(candidates, n)  # (B, n)
     return cand_scores, index // V, index % V
+
+
+def topk_in_chunks(x: Tensor, n: int, chunk: int = 64) -> tuple[Tensor, Tensor]:
+    """`x.topk(n, dim=1)` of a wide (B, W) tensor in two cheap passes: the n chunks of `chunk` columns with the
+    highest maxima, then the n best entries among those chunks' columns (and the < `chunk` columns left over).
+
+    Exact: each of the n best entries lies in a chunk whose maximum is at least that entry, and only n - 1 other
+    entries are higher, so its chunk ranks within the n best chunks. On CPU this is ~3x faster than torch.topk
+    over the k*V candidates of beam search (`python -m msgcore.bench`, ablation "one top-k over all candidates").
+    Only measured on CPU, so other devices keep torch.topk. Ties may come out in another order than torch.topk's (which does not specify one either).
+    """
+    B, W = x.shape
+    body = W - W % chunk
+    if x.device.type != "cpu" or body < 4 * n * chunk:  # narrow rows: the second pass would read most of them again
+        return x.topk(n, dim=1)
+    chunk_max = x[:, :body].unflatten(1, (-1, chunk)).amax(2)  # (B, W // chunk)
+    best_chunks = chunk_max.topk(n, dim=1).indices  # (B, n)
+    columns = (best_chunks.unsqueeze(2) * chunk + torch.arange(chunk, device=x.device)).flatten(1)  # (B, n*chunk)
+    if body < W:
+        columns = torch.cat([columns, torch.arange(body, W, device=x.device).expand(B, -1)], dim=1)
+    values, position = x.gather(1, columns).topk(n, dim=1)  # (B, n)
+    return values, columns.gather(1, position)
 
 
 def finish_hypotheses(finished, tokens: Tensor, cand_scores: Tensor, cand_beam: Tensor, is_eos: Tensor,

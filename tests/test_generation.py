@@ -189,3 +189,34 @@ def test_sentences_to_keep_names_the_searching_positions_or_none():
     assert sentences_to_keep([False, False]) is None
     assert sentences_to_keep([True, False, True, False]) == [1, 3]
     assert sentences_to_keep([True, True]) == []
+
+
+def test_topk_in_chunks_equals_torch_topk_with_forbidden_tokens_a_tail_and_a_row_at_its_limit():
+    from msgcore.generation import topk_in_chunks
+
+    torch.manual_seed(0)
+    for width in (40_000, 40_003, 2_000):  # many chunks; 3 columns past the last chunk; too narrow to chunk
+        x = torch.randn(4, width)
+        x[:, 5::97] = float("-inf")  # forbidden tokens
+        x[1] = float("-inf")
+        x[1, width - 1] = 0.0  # a row at its length limit: one finite entry, in the tail when there is one
+        values, index = topk_in_chunks(x, 10)
+        expected_values, expected_index = x.topk(10, dim=1)
+        assert torch.equal(values, expected_values)
+        assert torch.equal(x.gather(1, index), values)  # the indices point at those values
+        assert (index.sort(1).values.diff(dim=1) > 0).all()  # ten different entries per row
+        rows_without_ties = [0, 2, 3]
+        assert torch.equal(index[rows_without_ties], expected_index[rows_without_ties])
+
+
+def test_beam_search_over_chunked_candidates_equals_one_topk_over_all(monkeypatch):
+    """With a vocabulary wide enough to chunk (k*V >= 4 * 2k * 64), the two-pass top-k changes no hypothesis."""
+    from msgcore import generation
+
+    model, cfg = tiny_model(vocab=600), GenerationConfig(beam_size=4, max_len_a=1.0, max_len_b=3)
+    torch.manual_seed(0)
+    srcs, masks = sources(B=3, vocab=600)
+    chunked = beam_search(model, srcs, masks, BOS, EOS, cfg, forbidden=[0, 1, 2])
+    monkeypatch.setattr(generation, "topk_in_chunks", lambda x, n: x.topk(n, dim=1))
+    assert chunked == beam_search(model, srcs, masks, BOS, EOS, cfg, forbidden=[0, 1, 2])
+    assert all(len(hypothesis) > 0 for hypothesis in chunked)
