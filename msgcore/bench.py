@@ -222,7 +222,7 @@ def train_worker(spec: dict, cfg: BenchConfig) -> dict:
             flops, seconds = flops + train_flops(model_cfg, batch), seconds + elapsed
     if profiler:
         profiler.stop()
-        return time_shares(profiler, seconds)
+        return time_shares(profiler, seconds, cfg.timed_steps)
     row = {"target tokens/s": statistics.median(rates), "peak memory (MB)": peak_mb(device, baseline),
            "parameters (M)": sum(p.numel() for p in model.parameters()) / 1e6,
            "model TFLOP/s": flops / seconds / 1e12,
@@ -357,7 +357,7 @@ def decode_worker(spec: dict, cfg: BenchConfig) -> dict:
                 rates.append(generation_module.max_lengths(batch.source_masks, lengths).sum().item() / times[-1])
     if profiler:
         profiler.stop()
-        return time_shares(profiler, sum(times))
+        return time_shares(profiler, sum(times), len(times))
     if lengths:
         return {"generated tokens/s": statistics.median(rates)}
     return {"generated tokens/s": size * (cfg.decode_length + 1) / statistics.median(times)}
@@ -365,6 +365,7 @@ def decode_worker(spec: dict, cfg: BenchConfig) -> dict:
 
 # ---- where the time goes: the share of matrix multiplication (issue 16's profile) ---------------------------
 
+TOP_OPS = 12  # ops listed per profile, by their own time
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation")
 
 
@@ -375,9 +376,10 @@ def step_profiler(spec: dict):
     return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
 
 
-def time_shares(profiler, seconds: float) -> dict:
+def time_shares(profiler, seconds: float, steps: int = 1) -> dict:
     """Shares of the timed steps' wall time: matrix multiplications, fused attention kernels, every other op,
-    and the rest (Python and framework code outside any op); and the ops with the most time of their own."""
+    and the rest (Python and framework code outside any op); the ops with the most time of their own; and the
+    wall time of one step, so that the shares convert to milliseconds per step."""
     events = [e for e in profiler.key_averages() if e.self_cpu_time_total > 0]
     def share(keep):
         return sum(e.self_cpu_time_total for e in events if keep(e.key)) / 1e6 / seconds
@@ -385,10 +387,27 @@ def time_shares(profiler, seconds: float) -> dict:
     matmul = share(lambda key: key in MATMUL_OPS)
     attention = share(lambda key: "scaled_dot_product" in key or "flash_attention" in key)
     ops = share(lambda key: True)
-    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:3]
+    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:TOP_OPS]
     return {"matmul share": matmul, "fused attention share": attention, "other ops share": ops - matmul - attention,
-            "outside ops share": max(0.0, 1 - ops),
+            "outside ops share": max(0.0, 1 - ops), "seconds per step": seconds / steps,
             "top ops": [[e.key, e.self_cpu_time_total / 1e6 / seconds] for e in top]}
+
+
+def op_rows(rows: list[dict]) -> list[dict]:
+    """Milliseconds per training step in each of the ops that take the most time, msgcore beside HF (same batches):
+    whether msgcore's time outside the matrix multiplications goes to the same ops as HF's, at the same cost."""
+    profiles = {(r["preset"], r["library"]): r for r in rows if r["kind"] == "profile" and r["of"] == "train"}
+    out = []
+    for preset_name in dict.fromkeys(p for p, _ in profiles):
+        per_step = {lib: {op: share * r["seconds per step"] * 1e3 for op, share in r["top ops"]}
+                    for (p, lib), r in profiles.items() if p == preset_name and "seconds per step" in r}
+        if set(per_step) != {"msgcore", "hf"}:
+            continue
+        for op in dict.fromkeys([*per_step["msgcore"], *per_step["hf"]]):
+            ours, theirs = per_step["msgcore"].get(op), per_step["hf"].get(op)
+            out.append({"preset": preset_name, "op": op, "msgcore (ms/step)": ours, "HF (ms/step)": theirs,
+                        "msgcore / HF": ours / theirs if ours and theirs else None})
+    return out
 
 
 # ---- the plan, the workers and the report ------------------------------------------------------------------
@@ -536,7 +555,7 @@ def target_rows(report: dict) -> list[dict]:
 
 
 def tables(report: dict) -> dict:
-    """The report as pandas tables: train, decode, ratios, ablations, padding and targets."""
+    """The report as pandas tables: train, decode, ratios, ablations, padding, targets, profile and training ops."""
     import pandas as pd
 
     rows = report["rows"]
@@ -544,7 +563,7 @@ def tables(report: dict) -> dict:
     return {"train": pd.DataFrame(train_rows(plain)), "decode": pd.DataFrame(decode_rows(plain)),
             "ratios": pd.DataFrame(ratio_rows(report["ratios"])), "ablations": pd.DataFrame(ablation_rows(rows, plain)),
             "padding": pd.DataFrame([report["padding"]]), "targets": pd.DataFrame(target_rows(report)),
-            "profile": pd.DataFrame(profile_rows(rows))}
+            "profile": pd.DataFrame(profile_rows(rows)), "training ops": pd.DataFrame(op_rows(rows))}
 
 
 def profile_rows(rows: list[dict]) -> list[dict]:

@@ -110,8 +110,9 @@ def test_time_shares_find_the_matrix_multiplications_of_the_profiled_steps():
         (a @ a).relu_()
     seconds = time.perf_counter() - start
     profiler.stop()
-    shares = bench.time_shares(profiler, seconds)
+    shares = bench.time_shares(profiler, seconds, steps=20)
     assert shares["matmul share"] > shares["other ops share"] and shares["fused attention share"] == 0
+    assert shares["seconds per step"] == seconds / 20
     assert shares["top ops"][0][0] == "aten::mm"
     assert bench.step_profiler({"kind": "train"}) is None
 
@@ -126,6 +127,23 @@ def test_profile_rows_are_reported_apart_from_the_throughput_tables():
     tables = bench.tables({"rows": rows, "ratios": bench.ratios(rows), "padding": {}})
     assert len(tables["profile"]) == 4 and tables["profile"].iloc[0]["matmul"] == "60%"
     assert tables["ratios"].empty and tables["train"].empty  # a profiled step is not a throughput measurement
+    assert tables["training ops"].empty  # rows without the step time (older reports) give no per-op table
+
+
+def test_training_ops_put_each_ops_milliseconds_per_step_side_by_side():
+    def profile(library, seconds, top):
+        return {"kind": "profile", "of": "train", "library": library, "preset": "small", "seconds per step": seconds,
+                "top ops": top}
+
+    rows = [profile("msgcore", 0.2, [["aten::mm", 0.5], ["aten::bernoulli_", 0.1]]),
+            profile("hf", 0.25, [["aten::mm", 0.4], ["aten::native_layer_norm", 0.04]]),
+            {"kind": "profile", "of": "decode", "library": "hf", "preset": "small", "seconds per step": 1.0,
+             "top ops": [["aten::topk", 0.9]]}]  # decoding profiles are not in this table
+    table = {r["op"]: r for r in bench.op_rows(rows)}
+    assert list(table) == ["aten::mm", "aten::bernoulli_", "aten::native_layer_norm"]
+    assert table["aten::mm"]["msgcore (ms/step)"] == 100.0 and table["aten::mm"]["HF (ms/step)"] == 100.0
+    assert table["aten::mm"]["msgcore / HF"] == 1.0
+    assert table["aten::bernoulli_"]["HF (ms/step)"] is None and table["aten::bernoulli_"]["msgcore / HF"] is None
 
 
 def test_the_fused_qkv_ablation_computes_the_same_attention():
