@@ -365,6 +365,10 @@ def decode_worker(spec: dict, cfg: BenchConfig) -> dict:
 
 # ---- where the time goes: the share of matrix multiplication (issue 16's profile) ---------------------------
 
+def rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
 TOP_OPS = 12  # ops listed per profile, by their own time
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation")
 
@@ -405,8 +409,8 @@ def op_rows(rows: list[dict]) -> list[dict]:
             continue
         for op in dict.fromkeys([*per_step["msgcore"], *per_step["hf"]]):
             ours, theirs = per_step["msgcore"].get(op), per_step["hf"].get(op)
-            out.append({"preset": preset_name, "op": op, "msgcore (ms/step)": ours, "HF (ms/step)": theirs,
-                        "msgcore / HF": ours / theirs if ours and theirs else None})
+            out.append({"preset": preset_name, "op": op, "msgcore (ms/step)": rounded(ours, 1),
+                        "HF (ms/step)": rounded(theirs, 1), "msgcore / HF": rounded(ours / theirs, 2) if ours and theirs else None})
     return out
 
 
