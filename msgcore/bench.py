@@ -11,9 +11,9 @@ What is measured; every measurement runs in a fresh worker process, so that both
     mfu       on CUDA: model FLOPs utilisation of training, FLOPs counted analytically (`train_flops`)
     ablation  msgcore with one optimisation turned off (SDPA, KV cache, length bucketing, bf16, beam
               hypotheses sharing their sentence's encoder output, room for the next step in the beam reorder,
-              a search step's log-probs computed in place, the beam's top-k in chunks) or on
-              (torch.compile, torch's math SDPA kernel under bf16, fused AdamW on CPU, a fused QKV projection),
-              to show what each buys
+              a search step's log-probs computed in place, the beam's top-k in chunks) or on (a static KV
+              cache, torch.compile, torch's math SDPA kernel under bf16, fused AdamW on CPU, a fused QKV
+              projection), to show what each buys
     profile   where the time of training and beam-5 decoding goes, for both libraries (torch.profiler): the
               share of matrix multiplications, fused attention kernels, other ops and code outside any op
 `transformers` is needed for the comparison rows only (`pip install transformers`); the book does not need it.
@@ -41,6 +41,7 @@ from torch.nn.attention import sdpa_kernel
 from msgcore.attention import MultiHeadAttention, attention_math, causal_mask
 from msgcore.batching import collate, encode_corpus, example_lengths, padding_efficiency, token_batches
 from msgcore.data import load_multi30k
+from msgcore import attention as attention_module
 from msgcore import generation as generation_module
 from msgcore import layers as layers_module
 from msgcore.generation import GenerationConfig, beam_search
@@ -279,6 +280,52 @@ def fused_queries_keys_values(attention: MultiHeadAttention, x, memory, cache):
     return tuple(attention.split_heads(part) for part in F.linear(x, weight, bias).chunk(3, dim=-1))
 
 
+class StaticKVCache:
+    """The "static KV cache" ablation: beam search's self-attention keys and values live in pairs of preallocated
+    buffers, `block` positions per row at a time, and each reorder copies the rows from one buffer of the pair into
+    the other, so no step allocates a buffer the size of the whole cache (the layout a CUDA-graph decoder step
+    needs). `reorder` replaces layers.reorder_with_room, `append_into_room` attention.append_to_cache."""
+
+    def __init__(self, block: int = 32):
+        self.block, self.partner = block, {}  # storage address of one buffer -> the other buffer of its pair
+
+    def reorder(self, cached: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        (_, H, t, Dh), n = cached.shape, index.numel()
+        target = self.partner.get(cached.untyped_storage().data_ptr())
+        if target is None or target.size(2) < t + 1 or target.size(0) < n:  # a new pair, with room for more steps
+            C = -(-(t + 1) // self.block) * self.block
+            first, second = (cached.new_empty(n, H, C, Dh) for _ in range(2))
+            self.partner.update({first.untyped_storage().data_ptr(): second,
+                                 second.untyped_storage().data_ptr(): first})
+            target = first
+        reordered = target[:n, :, :t]  # (n, H, t, Dh), strides of the (n', H, C, Dh) buffer
+        torch.index_select(cached, 0, index, out=reordered)
+        return reordered
+
+    def searching(self, translate):
+        """`translate` that lets go of every buffer when it returns."""
+        def run(src, mask):
+            try:
+                return translate(src, mask)
+            finally:
+                self.partner.clear()
+        return run
+
+
+def append_into_room(cached: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """attention.append_to_cache for a cache at the start of a (B, H, C, Dh) buffer with any C >= t + T."""
+    B, H, t, Dh = cached.shape
+    C = cached.stride(1) // Dh
+    room = (cached.stride() == (H * C * Dh, C * Dh, Dh, 1) and C >= t + new.size(2) and cached.storage_offset() == 0
+            and cached.untyped_storage().nbytes() >= B * H * C * Dh * cached.element_size())
+    if not room or getattr(cached, "room_taken", False):
+        return torch.cat([cached, new], dim=2)
+    cached.room_taken = True
+    extended = cached.as_strided((B, H, t + new.size(2), Dh), cached.stride())
+    extended[:, :, t:] = new
+    return extended
+
+
 def step_log_probs_in_a_new_tensor(model, tokens, memory, cache, step: int):
     """generation.step_log_probs with log_softmax into a new (N, V) tensor (the "new tensors" ablation)."""
     out = model.decode(tokens[:, -1:], memory, cache, start_pos=step)
@@ -329,6 +376,10 @@ def decode_worker(spec: dict, cfg: BenchConfig) -> dict:
         generation_module.topk_in_chunks = lambda x, n: x.topk(n, dim=1)
     if spec.get("reorder") == "compact":
         layers_module.reorder_with_room = lambda kv, index: kv.index_select(0, index)  # no room: appending copies
+    if spec.get("reorder") == "static":
+        static = StaticKVCache()
+        layers_module.reorder_with_room, attention_module.append_to_cache = static.reorder, append_into_room
+        translate = static.searching(translate)
     lengths = None
     if spec.get("lengths") == "source":  # each output as long as its source allows: the sentences end apart
         lengths = GenerationConfig(beam_size=spec["beam"], max_len_a=1.2, max_len_b=10, min_len=1)
@@ -439,6 +490,8 @@ def plan(presets: list[str], device: torch.device, skip_hf: bool, with_compile: 
                    ablation="encoder output repeated per hypothesis (cross-attention K/V per beam)"),
               dict(kind="decode", **ablation, beam=5, batch=64, reorder="compact",
                    ablation="beam reorder leaves no room (the next step's append copies the cache again)"),
+              dict(kind="decode", **ablation, beam=5, batch=64, reorder="static",
+                   ablation="static KV cache: the reorder alternates between two preallocated buffers"),
               dict(kind="decode", **ablation, beam=5, batch=64, **{"step tensors": "new"},
                    ablation="log-probs and candidate scores in new (N, V) tensors at every step"),
               dict(kind="decode", **ablation, beam=5, batch=64, topk="one pass",

@@ -173,3 +173,22 @@ def test_the_new_tensor_ablation_computes_the_same_search_step():
     expected = bench.candidates_in_a_new_tensor(scores, logp, 6)
     for got, want in zip(best_candidates(scores, logp.clone(), 6), expected):
         assert torch.equal(got, want)
+
+
+def test_the_static_kv_cache_ablation_gives_the_same_hypotheses_from_two_buffers_per_tensor(monkeypatch):
+    from msgcore import attention, layers
+    from msgcore.generation import GenerationConfig, beam_search
+
+    torch.manual_seed(0)
+    model = Transformer(preset("tiny", vocab_size=40, d_model=32, d_ff=64, dropout=0.0)).eval()
+    srcs, masks = [torch.randint(4, 40, (3, 6))], [torch.ones(3, 6, dtype=torch.bool)]
+    masks[0][1, 2:] = False  # a short sentence, done early: its rows leave the batch
+    cfg = GenerationConfig(beam_size=3, max_len_a=1.0, max_len_b=4)
+    expected = beam_search(model, srcs, masks, 2, 3, cfg, forbidden=[0, 1, 2])
+    static = bench.StaticKVCache(block=4)
+    monkeypatch.setattr(layers, "reorder_with_room", static.reorder)
+    monkeypatch.setattr(attention, "append_to_cache", bench.append_into_room)
+    assert beam_search(model, srcs, masks, 2, 3, cfg, forbidden=[0, 1, 2]) == expected
+    # 2 layers x (K, V), each in a pair of buffers of 4, then 8, then 12 positions: 10 steps grew it twice
+    assert len(static.partner) == 2 * 2 * 2 * 3
+    assert static.searching(lambda src, mask: "out")(None, None) == "out" and not static.partner
