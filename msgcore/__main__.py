@@ -338,8 +338,10 @@ def train(args) -> None:
         trainer = build_trainer(args, device, checkpoint)
         try:
             trainer.train()
-        finally:
-            distributed.shutdown()
+        except BaseException:
+            distributed.shutdown(together=False)
+            raise
+        distributed.shutdown()
     if main_process:
         print(run_summary(trainer, args.out))
 

@@ -70,6 +70,11 @@ def broadcast_from_main(obj):
     return box[0]
 
 
-def shutdown() -> None:
+def shutdown(together: bool = True) -> None:
+    """Leave the process group. `together` (after a run that ended normally) waits for every process first: a
+    process that tears gloo down while another is still validating can abort at exit ("terminate called without
+    an active exception"). After an error there is no waiting: the other processes may never arrive."""
     if dist.is_initialized():
+        if together:
+            dist.barrier()
         dist.destroy_process_group()
