@@ -192,3 +192,39 @@ def test_the_static_kv_cache_ablation_gives_the_same_hypotheses_from_two_buffers
     # 2 layers x (K, V), each in a pair of buffers of 4, then 8, then 12 positions: 10 steps grew it twice
     assert len(static.partner) == 2 * 2 * 2 * 3
     assert static.searching(lambda src, mask: "out")(None, None) == "out" and not static.partner
+
+
+def test_target_measurements_run_again_in_turn_and_report_the_median_and_each_runs_ratio(monkeypatch):
+    specs = [dict(kind=kind, library=lib, preset="small", dtype="fp32", **extra)
+             for kind, extra in (("train", {}), ("decode", {"beam": 5, "batch": 64})) for lib in ("msgcore", "hf")]
+    specs += [dict(kind="decode", library="msgcore", preset="small", dtype="fp32", beam=1, batch=64),  # no target
+              dict(kind="train", library="msgcore", preset="small", dtype="fp32", ablation="bf16 autocast")]
+    first = {"msgcore": 300.0, "hf": 200.0}
+    measured = [(s, {**s, bench._metric(s): first[s["library"]]}) for s in specs]
+    later = {("train", "msgcore"): [330.0, 270.0], ("train", "hf"): [150.0, 250.0],
+             ("decode", "msgcore"): [600.0, 420.0], ("decode", "hf"): [200.0, 210.0]}
+    calls = []
+
+    def worker(spec, cfg):
+        calls.append((spec["kind"], spec["library"]))
+        return {bench._metric(spec): later[calls[-1]].pop(0)}
+
+    monkeypatch.setattr(bench, "run_worker", worker)
+    bench.repeat_target_measurements(measured, bench.BenchConfig(repeats=3))
+    assert [library for _, library in calls] == ["msgcore", "hf"] * 4  # two more rounds of the four rows, in turn
+    rows = [row for _, row in measured]
+    assert rows[0]["runs"] == [300.0, 330.0, 270.0] and rows[0]["target tokens/s"] == 300.0  # the median
+    assert "runs" not in rows[4] and "runs" not in rows[5]  # greedy decoding and ablations run once
+    train, decode = bench.ratios(rows)[:2]
+    assert train["ratio msgcore/hf"] == 1.5 and decode["ratio msgcore/hf"] == 2.1
+    assert train["ratio of each run"] == [1.5, 2.2, 1.08]
+    assert bench.run_range(train) == "1.08-2.20 (3 runs)" and bench.run_range({"ratio msgcore/hf": 1.0}) == ""
+    targets = bench.target_rows({"ratios": [train, decode]})
+    assert [(t["met"], t["met in every run"]) for t in targets] == [(True, False), (True, False)]  # 1.08 and 1.5
+
+
+def test_fewer_than_one_run_is_refused_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--repeats", "0", "--skip-hf", "--out", str(tmp_path / "out")])
+    assert "--repeats 0: each measurement needs at least 1 run" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
