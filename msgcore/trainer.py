@@ -62,7 +62,7 @@ class TrainConfig:
     valid_max_sentences: int = 0  # score dev BLEU on the first N sentences (0 = all)
     amp: str = "auto"  # "bf16", "fp32", or "auto" (bf16 on CUDA, fp32 on CPU)
     sdpa_backends: tuple[str, ...] = ()  # torch SDPA backends the training loss may use, e.g. ("math",); () = torch's
-    # choice. Same attention, other kernels: on 2 CPU threads under bf16, "math" made a training step 1.28-1.36x (small
+    # choice. Same attention, other kernels: on 2 CPU threads under bf16, "math" made a training step 1.28-1.37x (small
     # Transformer) and 1.6x (MixRep) faster than torch's fused kernel, so chapter 0's CPU recipe (`small`) takes it
     seed: int = 0  # seeds initialisation-independent randomness: batches and dropout
     log_every: int = 50  # steps between training-loss log rows

@@ -48,7 +48,7 @@ BASELINE_SCALES: dict[str, Scale] = {
                    notes="CI only: checks that the chapter runs end to end; its numbers mean nothing."),
     # Measured: with bf16 autocast (AMX/AVX-512 bf16 CPUs) the d=256 `small` preset trains faster than the fp32 d=128
     # `tiny` one did (4.1k vs 2.8k target tokens/s on 2 threads, book/benchmarks), so the CPU budget buys a 4x
-    # larger model and more epochs. Under bf16 on a CPU, torch's math SDPA kernel computes the same attention 1.28-1.36x
+    # larger model and more epochs. Under bf16 on a CPU, torch's math SDPA kernel computes the same attention 1.28-1.37x
     # faster per training step than its fused kernel on Multi30k's short sentences (the bench's ablation row; in
     # 10 minutes: 4.9k vs 3.7k target tokens/s and 38.7 vs 36.6 test BLEU, book/benchmarks/peers).
     "small": Scale("small", dict(dropout=0.1), TrainConfig(lr=1e-3, warmup_steps=400, max_tokens=2048,
