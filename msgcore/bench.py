@@ -183,12 +183,20 @@ def kernels(spec: dict):
     return sdpa_kernel(Trainer.resolve_sdpa_backends(names)) if names else contextlib.nullcontext()
 
 
+def training_batches(spec: dict, cfg: BenchConfig, lengths: list[int]) -> list[list[int]]:
+    """The batches (example indices) of a training measurement: length-bucketed, or random for that ablation, at
+    the spec's token budget (the "token budget" ablation rows) or the config's."""
+    budget = spec.get("max_tokens", cfg.max_tokens)
+    if spec.get("batching") == "random":
+        return random_batches(lengths, budget)
+    return token_batches(lengths, budget, shuffle=True, seed=0)
+
+
 def train_worker(spec: dict, cfg: BenchConfig) -> dict:
     device = resolve_device(cfg.device)
     tokenizer, train, _ = multi30k(cfg)
     lengths = example_lengths(train)
-    index = (random_batches(lengths, cfg.max_tokens) if spec.get("batching") == "random"
-             else token_batches(lengths, cfg.max_tokens, shuffle=True, seed=0))
+    index = training_batches(spec, cfg, lengths)
     batches = [collate(train, b).to(device) for b in index[:cfg.warmup_steps + cfg.timed_steps]]
     model_cfg, model = build(spec["library"], spec["preset"], tokenizer.vocab_size, device)
     if spec.get("attention") == "math":
@@ -503,6 +511,9 @@ def plan(presets: list[str], device: torch.device, skip_hf: bool, with_compile: 
               dict(kind="decode", **ablation, beam=5, batch=64, lengths="source", against=SOURCE_LENGTHS,
                    **{"done sentences": "kept"},
                    ablation="done sentences stay in the beam batch (against outputs as long as their sources)")]
+    specs += [dict(kind="train", **ablation, max_tokens=budget,
+                   ablation=f"token budget of {budget:,} per batch (not {BenchConfig.max_tokens:,})")
+              for budget in (1024, 2048, 8192)]
     if device.type == "cpu":  # on CUDA the Trainer's AdamW is already fused
         specs.append(dict(kind="train", **ablation, fused_adamw=True, ablation="AdamW fused=True (CPU kernel)"))
     specs += [dict(kind="profile", of=of, library=lib, preset=p, dtype=dtype, **extra)

@@ -228,3 +228,18 @@ def test_fewer_than_one_run_is_refused_before_any_work(tmp_path, capsys):
         bench.main(["--repeats", "0", "--skip-hf", "--out", str(tmp_path / "out")])
     assert "--repeats 0: each measurement needs at least 1 run" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_token_budget_rows_train_on_batches_of_their_own_budget():
+    rng = random.Random(0)
+    lengths = [rng.randint(3, 40) for _ in range(400)]
+    specs = [s for s in bench.plan(["small"], torch.device("cpu"), skip_hf=True, with_compile=False)
+             if "max_tokens" in s]
+    assert sorted(s["max_tokens"] for s in specs) == [1024, 2048, 8192]
+    cfg = bench.BenchConfig()
+    for spec in [*specs, {"kind": "train"}]:
+        budget = spec.get("max_tokens", cfg.max_tokens)
+        batches = bench.training_batches(spec, cfg, lengths)
+        assert sorted(i for b in batches for i in b) == list(range(400))
+        assert max(len(b) * max(lengths[i] for i in b) for b in batches) <= budget
+        assert max(len(b) * max(lengths[i] for i in b) for b in batches) > budget // 2  # batches fill their budget
