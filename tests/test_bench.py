@@ -243,3 +243,13 @@ def test_the_token_budget_rows_train_on_batches_of_their_own_budget():
         assert sorted(i for b in batches for i in b) == list(range(400))
         assert max(len(b) * max(lengths[i] for i in b) for b in batches) <= budget
         assert max(len(b) * max(lengths[i] for i in b) for b in batches) > budget // 2  # batches fill their budget
+
+
+def test_beam_ablations_repeat_with_their_baseline_and_other_ablations_run_once():
+    plan = bench.plan(["small", "base"], torch.device("cpu"), skip_hf=False, with_compile=False)
+    repeated = [s for s in plan if bench.repeated(s)]
+    beam_ablations = [s for s in repeated if "ablation" in s]
+    assert beam_ablations and all(s["kind"] == "decode" and s["beam"] == 5 for s in beam_ablations)
+    assert {"train", "decode"} == {s["kind"] for s in repeated if "ablation" not in s}  # the targets' rows
+    assert not any(bench.repeated(s) for s in plan if s["kind"] == "train" and "ablation" in s)
+    assert not any(bench.repeated(s) for s in plan if s["kind"] == "decode" and s["beam"] == 1)
