@@ -186,9 +186,10 @@ def topk_in_chunks(x: Tensor, n: int, chunk: int = 64) -> tuple[Tensor, Tensor]:
     highest maxima, then the n best entries among those chunks' columns (and the < `chunk` columns left over).
 
     Exact: each of the n best entries lies in a chunk whose maximum is at least that entry, and only n - 1 other
-    entries are higher, so its chunk ranks within the n best chunks. On CPU this is ~3x faster than torch.topk
-    over the k*V candidates of beam search (`python -m msgcore.bench`, ablation "one top-k over all candidates").
-    Only measured on CPU, so other devices keep torch.topk. Ties may come out in another order than torch.topk's (which does not specify one either).
+    entries are higher, so its chunk ranks within the n best chunks. On 2 CPU threads it took 0.55 ms against
+    torch.topk's 1.6 ms for the 10 best of (64, 40,000) scores (beam 5, an 8k vocabulary; the bench's ablation row
+    "one torch.topk over all k*V candidates"). Only measured on CPU, so other devices keep torch.topk. Ties may come
+    out in another order than torch.topk's (which does not specify one either).
     """
     B, W = x.shape
     body = W - W % chunk

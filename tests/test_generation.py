@@ -216,7 +216,10 @@ def test_beam_search_over_chunked_candidates_equals_one_topk_over_all(monkeypatc
     model, cfg = tiny_model(vocab=600), GenerationConfig(beam_size=4, max_len_a=1.0, max_len_b=3)
     torch.manual_seed(0)
     srcs, masks = sources(B=3, vocab=600)
+    widths, chunking = [], generation.topk_in_chunks
+    monkeypatch.setattr(generation, "topk_in_chunks", lambda x, n: widths.append(x.size(1)) or chunking(x, n))
     chunked = beam_search(model, srcs, masks, BOS, EOS, cfg, forbidden=[0, 1, 2])
+    assert widths and all(w - w % 64 >= 4 * 8 * 64 for w in widths)  # every step took the chunked path
     monkeypatch.setattr(generation, "topk_in_chunks", lambda x, n: x.topk(n, dim=1))
     assert chunked == beam_search(model, srcs, masks, BOS, EOS, cfg, forbidden=[0, 1, 2])
     assert all(len(hypothesis) > 0 for hypothesis in chunked)
