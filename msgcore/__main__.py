@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import math
-import os
 import sys
 from pathlib import Path
 
@@ -27,10 +25,11 @@ from msgcore.experiments import CLI_RECIPE_SCALES, cli_recipe
 from msgcore.generation import GenerationConfig
 from msgcore.metrics import score_all
 from msgcore.model import PRESETS, Transformer, preset
+from msgcore.options import OneLineParser, device_option, real, seed_option, whole
 from msgcore.tokenizer import Tokenizer
 from msgcore.trainer import Trainer, TrainConfig, best_on_disk, load_checkpoint, load_model, translate_encoded
-from msgcore.utils import MsgcoreError, atomic_write, check_writable_dir, check_writable_file, resolve_device, \
-    seed_everything
+from msgcore.utils import MsgcoreError, atomic_write, check_writable_dir, check_writable_file, \
+    os_error_line, pid_lock, resolve_device, seed_everything
 
 RUN_FILES = ("last.pt", "best.pt", "log.json")  # a folder holding any of these is an existing run
 LOCK_NAME = ".lock"
@@ -43,61 +42,6 @@ SKIP_EMPTY_HINT = "pass --skip-empty to drop such examples"
 # Library hints that name Python arguments, and what the command line says instead.
 CLI_WORDING = {"pass skip_empty=True to drop such examples": SKIP_EMPTY_HINT,
                "concatenate them (Batch.concatenated) or use a multi-source model": "give one --input file"}
-
-
-# ---------------------------------------------------------------------------- option types (argparse ranges)
-
-def whole(low: int, high: int | None = None):
-    """An argparse type: an integer in [low, high] (no upper bound when high is None)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"{value} is out of range ({span(low, high)})")
-        return value
-    return parse
-
-
-def real(low: float, high: float | None = None, *, low_open: bool = False, high_open: bool = False):
-    """An argparse type: a finite number in the interval from low to high (open ends when asked)."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        below = value <= low if low_open else value < low
-        above = high is not None and (value >= high if high_open else value > high)
-        if not math.isfinite(value) or below or above:
-            bounds = f"{'>' if low_open else '>='} {low}" + (f" and {'<' if high_open else '<='} {high}" if high else "")
-            raise argparse.ArgumentTypeError(f"{text} is out of range (a finite number {bounds})")
-        return value
-    return parse
-
-
-def span(low: int, high: int | None) -> str:
-    return f"{low} to {high}" if high is not None else f"at least {low}"
-
-
-def device_option(text: str) -> str:
-    """An argparse type: 'auto' or a torch device string (cpu, cuda, cuda:1)."""
-    import torch
-
-    if text == "auto":
-        return text
-    try:
-        torch.device(text)
-    except (RuntimeError, ValueError):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a device; use auto, cpu, cuda or cuda:N") from None
-    return text
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse with usage errors as one line, "error: ...", exit status 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -200,49 +144,12 @@ def check_run_folder(args) -> None:
         raise MsgcoreError(f"MSGCORE_DATA={cache} is a file, not a folder; point it at a folder (or unset it)")
 
 
-@contextlib.contextmanager
 def run_lock(out: Path):
     """Hold OUT/.lock (holding our pid) while training, so that two runs never write one folder."""
-    out.mkdir(parents=True, exist_ok=True)
-    lock = out / LOCK_NAME
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            break
-        except FileExistsError:
-            remove_stale_lock(lock)
-    else:
-        raise MsgcoreError(f"cannot take {lock}")
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{os.getpid()}\n")
-    try:
-        yield
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            lock.unlink()
-
-
-def remove_stale_lock(lock: Path) -> None:
-    """Remove a lock whose process is gone; refuse when it is alive."""
-    try:
-        pid = int(lock.read_text().strip() or "0")
-    except (OSError, ValueError):
-        pid = 0
-    if pid > 0 and process_alive(pid):
-        raise MsgcoreError(f"another run (pid {pid}) is writing to {lock.parent}; wait for it to end, or choose "
-                           f"another --out (delete {lock} only if that process is not a msgcore run)")
-    with contextlib.suppress(FileNotFoundError):
-        lock.unlink()
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    def refuse(pid: int) -> None:
+        raise MsgcoreError(f"another run (pid {pid}) is writing to {out}; wait for it to end, or choose another "
+                           f"--out (delete {out / LOCK_NAME} only if that process is not a msgcore run)")
+    return pid_lock(out / LOCK_NAME, refuse, f"train into {out}")
 
 
 # ---------------------------------------------------------------------------- train: data
@@ -295,11 +202,14 @@ def run_tokenizer(args, train_corpus: Corpus, checkpoint: dict | None) -> Tokeni
                            seed=args.seed)
 
 
-def check_same_data(args, checkpoint: dict, fingerprint: str) -> None:
-    recorded = (checkpoint.get("run_info") or {}).get("train_data")
-    if recorded and recorded != fingerprint:
-        raise MsgcoreError(f"--resume {args.resume} was trained on other training data; resume with the same "
-                           f"--dataset/--sources/--train-files, or start a new run in another --out")
+def check_same_data(args, checkpoint: dict, fingerprint: str, valid_fingerprint: str) -> None:
+    """A resumed run must read the training and the validation data it started with: both are part of the run."""
+    recorded = checkpoint.get("run_info") or {}
+    for what, key, now in (("training", "train_data", fingerprint), ("validation", "valid_data", valid_fingerprint)):
+        if recorded.get(key) and recorded[key] != now:
+            files = "--valid-files" if key == "valid_data" else "--dataset/--sources/--train-files"
+            raise MsgcoreError(f"--resume {args.resume} was trained on other {what} data; resume with the same "
+                               f"{files}, or start a new run in another --out")
 
 
 def source_limit(model, cfg: GenerationConfig) -> int:
@@ -350,9 +260,9 @@ def build_trainer(args, device, checkpoint: dict | None) -> Trainer:
     """Data, tokenizer, model and trainer, checked against the checkpoint when resuming."""
     train_corpus, valid_corpus = load_split(args, "train"), load_split(args, "valid")
     check_corpora(args, train_corpus, valid_corpus)
-    fingerprint = corpus_fingerprint(train_corpus)
+    fingerprint, valid_fingerprint = corpus_fingerprint(train_corpus), corpus_fingerprint(valid_corpus)
     if checkpoint is not None:
-        check_same_data(args, checkpoint, fingerprint)
+        check_same_data(args, checkpoint, fingerprint, valid_fingerprint)
     tokenizer = run_tokenizer(args, train_corpus, checkpoint)
     model = Transformer(preset(args.preset, vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
                                dropout=args.dropout))
@@ -362,7 +272,7 @@ def build_trainer(args, device, checkpoint: dict | None) -> Trainer:
     valid = encode_corpus(valid_corpus, tokenizer, max_len=source_limit(model, GenerationConfig(beam_size=1)))
     trainer = Trainer(model, tokenizer, encode_corpus(train_corpus, tokenizer, max_len=256), valid,
                       valid_corpus.target, cfg, device, args.out)
-    trainer.run_info = {"options": run_options(args), "train_data": fingerprint}
+    trainer.run_info = {"options": run_options(args), "train_data": fingerprint, "valid_data": valid_fingerprint}
     if args.overwrite and distributed.is_main():
         for name in RUN_FILES:
             (Path(args.out) / name).unlink(missing_ok=True)
@@ -501,7 +411,7 @@ def add_train_options(t: argparse.ArgumentParser) -> None:
     t.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
     t.add_argument("--out", required=True, help="output folder for best.pt, last.pt and log.json")
     t.add_argument("--device", type=device_option, default="auto", help="auto (a GPU when visible), cpu, cuda:N")
-    t.add_argument("--seed", type=whole(0), help=f"random seed (default: {DEFAULT_SEED}; on --resume, the checkpoint's)")
+    t.add_argument("--seed", type=seed_option, help=f"random seed (default: {DEFAULT_SEED}; on --resume, the checkpoint's)")
 
 
 def add_translate_options(x: argparse.ArgumentParser) -> None:
@@ -538,6 +448,9 @@ def main(argv: list[str] | None = None) -> int:
         {"train": train, "translate": translate, "score": score}[args.command](args)
     except MsgcoreError as error:
         print(f"error: {cli_wording(str(error))}", file=sys.stderr)
+        return 2
+    except OSError as error:  # a full disk, an unreadable file, a path that is a folder: one line, no traceback
+        print(f"error: {os_error_line(error)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(interrupted(args), file=sys.stderr)

@@ -49,6 +49,7 @@ from msgcore import layers as layers_module
 from msgcore.generation import GenerationConfig, beam_search
 from msgcore.model import Transformer, TransformerConfig, preset
 from msgcore.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from msgcore.options import OneLineParser, device_option, whole
 from msgcore.utils import MsgcoreError, atomic_write, device_name, git_commit, resolve_device
 
 H100_BF16_PEAK = 790e12  # FLOP/s on large bf16 matmuls, measured on the lent H100/H200 (see DEVELOPERS.md)
@@ -705,21 +706,22 @@ def padding_report(cfg: BenchConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m msgcore.bench", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m msgcore.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=["small", "base"], help="model presets (msgcore.model.PRESETS)")
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--device", type=device_option, default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--quick", action="store_true", help="1 warm-up and 2 timed steps: checks that it runs")
     parser.add_argument("--skip-hf", action="store_true", help="msgcore rows only (no transformers needed)")
     parser.add_argument("--compile", action="store_true", help="add a torch.compile training row")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0 = default)")
-    parser.add_argument("--repeats", type=int, default=BenchConfig.repeats,
+    parser.add_argument("--threads", type=whole(0, 1024), default=0, help="torch threads on CPU (0 = default)")
+    parser.add_argument("--repeats", type=whole(1), default=BenchConfig.repeats,
                         help="runs of each measurement a target is judged on (training, beam 5 at batch 64)")
     parser.add_argument("--out", default="book/benchmarks",
                         help="folder for <device>.json and .md (the book's appendix reads it)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error(f"--repeats {args.repeats}: each measurement needs at least 1 run")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help (0) or a usage error (2, already printed as one line)
+        return exit_.code if isinstance(exit_.code, int) else 2
     if args.worker:
         job = json.loads(args.worker)
         cfg = BenchConfig(**job["cfg"])

@@ -35,6 +35,7 @@ import argparse
 import collections
 import contextlib
 import json
+import math
 import os
 import platform
 import resource
@@ -750,8 +751,9 @@ def check(args) -> str | None:
     if len(set(args.toolkits)) != len(args.toolkits):
         return "a toolkit is named twice in --toolkits"
     for name in ("minutes", "threads", "points", "final_beam"):
-        if not getattr(args, name) > 0:
-            return f"--{name.replace('_', '-')} must be positive, not {getattr(args, name)}"
+        value = getattr(args, name)
+        if not (value > 0 and math.isfinite(value)):  # an infinite budget would never end
+            return f"--{name.replace('_', '-')} must be positive and finite, not {value}"
     if args.test_limit < 0:
         return f"--test-limit must be 0 (all) or positive, not {args.test_limit}"
     if any(t not in OURS for t in args.toolkits) and not peers_python(args.venv).is_file():

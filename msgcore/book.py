@@ -32,7 +32,8 @@ from pathlib import Path
 
 import yaml
 
-from msgcore.utils import MsgcoreError, atomic_write
+from msgcore.utils import MsgcoreError, atomic_write, check_device, check_seed, check_writable_dir, \
+    os_error_line
 
 SCALES = ("smoke", "small", "full")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -88,8 +89,19 @@ def _toc_entries(node: object) -> Iterator[str]:
             yield from _toc_entries(item)
 
 
+def check_root(root: Path) -> None:
+    """The book root must be a folder holding _toc.yml (one line otherwise)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise BookError(f"the book root {root} is {'a file' if root.exists() else 'missing'}, not a folder; "
+                        f"pass --root DIR (a folder holding _toc.yml)")
+    if not (root / "_toc.yml").is_file():
+        raise BookError(f"the book root {root} has no _toc.yml; pass --root DIR (a folder holding _toc.yml)")
+
+
 def find_chapters(root: Path) -> dict[str, Path]:
     """Chapter name (the notebook's file stem) -> notebook path, for each TOC entry that is a notebook."""
+    check_root(root)
     toc = yaml.safe_load((Path(root) / "_toc.yml").read_text(encoding="utf-8"))
     chapters: dict[str, Path] = {}
     for entry in _toc_entries(toc):
@@ -140,6 +152,10 @@ def make_run_dir(root: Path, scale: str, out: Path | None) -> Path:
     run_dir = run_dir.resolve()
     if run_dir == root.resolve():
         raise BookError("--out must not be the book root: the committed notebooks would be overwritten")
+    try:
+        check_writable_dir(run_dir, "--out")
+    except MsgcoreError as error:
+        raise BookError(str(error)) from None
     run_dir.mkdir(parents=True, exist_ok=True)
     for src in book_sources(root):
         if src.is_dir():
@@ -383,6 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns 0 on success, 1 on a failed chapter or build, 2 on a bad request."""
     args = parse_args(argv)
     try:
+        check_device(args.device)  # before any chapter starts: a bad device or seed fails every one of them
+        check_seed(args.seed)
         if args.command == "main":
             return main_job(args.root or default_root(), device=args.device, seed=args.seed, timeout=args.timeout)
         report = run_book(args.root or default_root(), args.chapter, args.scale, out=args.out,
@@ -391,8 +409,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BuildError as e:
         print(f"msgcore.book: error: {e}", file=sys.stderr)
         return 1
-    except BookError as e:
+    except MsgcoreError as e:  # BookError, and a device or seed the notebooks could not use
         print(f"msgcore.book: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk while copying the sources, say: one line, no traceback
+        print(f"msgcore.book: error: {os_error_line(e)}", file=sys.stderr)
         return 2
     return 0 if report.ok else 1
 

@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 from typing import BinaryIO
 
-from msgcore.utils import DataError, MsgcoreError, atomic_write, check_writable_dir
+from msgcore.utils import DataError, MsgcoreError, atomic_write, check_writable_dir, os_error_line
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +171,8 @@ def _ensure_file(relpath: str, url: str, cache: Path, mirror: Path | None) -> No
     """Bring one file into the cache, unless a verified copy is already there."""
     target = cache / relpath
     expected = SHA256[relpath]
+    if target.is_dir():
+        raise DataError(f"the cached file {target} is a folder; remove it (or set MSGCORE_DATA to another folder)")
     if target.is_file():
         if sha256_of(target) == expected:
             return
@@ -178,7 +180,12 @@ def _ensure_file(relpath: str, url: str, cache: Path, mirror: Path | None) -> No
     check_cache_writable(cache, relpath)
     if mirror is not None and (mirror / relpath).is_file():
         logger.info("copying %s from %s", relpath, mirror)
-        with open(mirror / relpath, "rb") as source:
+        try:
+            source = open(mirror / relpath, "rb")
+        except OSError as error:
+            raise DataError(f"cannot read the mirror file {mirror / relpath} ({os_error_line(error)}); fix its "
+                            f"permissions or unset MSGCORE_DATA_MIRROR") from None
+        with source:
             _write_verified(source, target, relpath, expected, origin=f"the mirror file {mirror / relpath}")
         return
     logger.info("downloading %s", url)
@@ -202,14 +209,20 @@ def _download(url: str, target: Path, relpath: str, expected: str, mirror: Path 
 def _write_verified(source: BinaryIO, target: Path, relpath: str, expected: str, origin: str) -> None:
     """Copy `source` to `target` through a temporary file that is renamed only if its sha256 matches."""
     digest = hashlib.sha256()
-    with atomic_write(target, "wb") as out:
-        while chunk := source.read(_CHUNK):
-            digest.update(chunk)
-            out.write(chunk)
-        if digest.hexdigest() != expected:
-            raise DataError(f"sha256 mismatch for {relpath}: expected {expected}, got {digest.hexdigest()} "
-                            f"(from {origin}); nothing was written to the cache. Delete or replace the bad "
-                            f"file / check the mirror (`sha256sum -c SHA256SUMS` there)")
+    try:
+        with atomic_write(target, "wb") as out:
+            while chunk := source.read(_CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+            if digest.hexdigest() != expected:
+                raise DataError(f"sha256 mismatch for {relpath}: expected {expected}, got {digest.hexdigest()} "
+                                f"(from {origin}); nothing was written to the cache. Delete or replace the bad "
+                                f"file / check the mirror (`sha256sum -c SHA256SUMS` there)")
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        raise  # the network's failures: _download says what to do about them
+    except OSError as error:  # a full disk, or a source that cannot be read: nothing is left in the cache
+        raise DataError(f"cannot fetch {relpath} from {origin}: {os_error_line(error)}; nothing was written to "
+                        f"the cache") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,14 +19,16 @@ import hashlib
 import io
 import json
 import os
+import pickle
 import shutil
+import time
 import warnings
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from msgcore.utils import atomic_write
+from msgcore.utils import MsgcoreError, atomic_write, pid_lock
 
 RESULTS_VERSION = 1  # bump when a change of the shared core (trainer, layers, attention) changes training results
 REUSED: list[str] = []  # the names of the runs this process reused, in order
@@ -112,19 +114,46 @@ def entry_dir(kind: str, key: str) -> Path | None:
 def finished(entry: Path) -> dict | None:
     """The entry's meta.json when the entry is complete and its checkpoint verifies; None when unfinished.
     A corrupt entry is removed, with a warning, so that it is rebuilt."""
+    meta, problem = verified(entry)
+    if problem:
+        warnings.warn(f"run cache entry {entry} is corrupt ({problem}); rebuilding it")
+        shutil.rmtree(entry, ignore_errors=True)
+    return meta
+
+
+def verified(entry: Path) -> tuple[dict | None, str | None]:
+    """(meta.json, None) for a complete entry whose files match their checksums; (None, None) for an unfinished
+    one; (None, what is wrong) for a corrupt one."""
     meta_path = entry / "meta.json"
     if not meta_path.is_file():
-        return None
+        return None, None
     try:
         meta = json.loads(meta_path.read_text())
         for name, digest in meta["files"].items():
             if file_sha256(entry / name) != digest:
                 raise ValueError(f"{name} does not match its checksum")
-    except (OSError, ValueError, KeyError) as error:
-        warnings.warn(f"run cache entry {entry} is corrupt ({error}); rebuilding it")
-        shutil.rmtree(entry, ignore_errors=True)
-        return None
-    return meta
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        return None, str(error) or type(error).__name__
+    return meta, None
+
+
+LOCK_POLL_S = 5.0  # how often a process waiting for another's run looks again
+
+
+def entry_lock(entry: Path, poll_s: float = LOCK_POLL_S):
+    """Hold `entry/.lock` while training or reading the entry. A second process asking for the same run waits
+    until the first is done, then finds the run finished; a lock whose process died is taken over."""
+    said = []
+
+    def wait(pid: int) -> None:
+        if pid == os.getpid():  # left by this process (a kernel interrupted mid-run): ours to take
+            (entry / ".lock").unlink(missing_ok=True)
+            return
+        if not said:
+            print(f"waiting for process {pid}, which is training the same run ({entry.name})", flush=True)
+            said.append(pid)
+        time.sleep(poll_s)
+    return pid_lock(entry / ".lock", wait, f"train the run {entry.name}")
 
 
 def mark_finished(entry: Path, files: list[str], **info) -> dict:
@@ -135,14 +164,17 @@ def mark_finished(entry: Path, files: list[str], **info) -> dict:
     return meta
 
 
-def cached_artifact(kind: str, key: dict, build: Callable[[], object]):
-    """`build()`'s result, computed once per `key` and stored with torch.save (e.g. distilled targets)."""
+def cached_artifact(kind: str, key: dict, build: Callable[[], object], safe_types: tuple[type, ...] = ()):
+    """`build()`'s result, computed once per `key` and stored with torch.save (e.g. distilled targets).
+
+    The result may hold tensors, plain data, EncodedCorpus and the dataclasses named in `safe_types`: the entry is
+    read back with `weights_only=True`, so a cache received from elsewhere cannot run code."""
     entry = entry_dir(kind, fingerprint(kind, key))
     if entry is None:
         return build()
     if finished(entry) is not None:
         note_reused(entry.name)
-        return torch.load(entry / "artifact.pt", weights_only=False)
+        return load_artifact(entry / "artifact.pt", safe_types)
     value = build()
     buffer = io.BytesIO()
     torch.save(value, buffer)
@@ -150,3 +182,15 @@ def cached_artifact(kind: str, key: dict, build: Callable[[], object]):
         f.write(buffer.getvalue())
     mark_finished(entry, ["artifact.pt"], kind=kind)
     return value
+
+
+def load_artifact(path: Path, safe_types: tuple[type, ...] = ()):
+    """Read an artefact written by `cached_artifact`, unpickling only tensors, plain data and `safe_types`."""
+    from msgcore.batching import EncodedCorpus
+
+    try:
+        with torch.serialization.safe_globals([EncodedCorpus, *safe_types]):
+            return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise MsgcoreError(f"run cache artefact {path} holds objects that are not allowed ({str(error).splitlines()[0]}"
+                           f"); refused, since loading it could run code. Delete {path.parent} to rebuild it") from None

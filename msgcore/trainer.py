@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import math
+import pickle
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,10 +39,11 @@ from msgcore import distributed
 from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batches
 from msgcore.generation import GenerationConfig
 from msgcore.metrics import corpus_score
-from msgcore.utils import CheckpointError, MsgcoreError, TrainingError, atomic_write
+from msgcore.utils import CheckpointError, MsgcoreError, TrainingError, atomic_write, remove_temporaries
 
-CHECKPOINT_KEYS = ("model", "model_class", "model_config", "optimizer", "scheduler", "rng", "state",
-                   "train_config")
+CHECKPOINT_KEYS = ("model", "weights_sha256", "model_class", "model_config", "optimizer", "scheduler", "rng",
+                   "state", "train_config")
+RUN_FILES = ("best.pt", "last.pt", "log.json")  # what a run folder holds (and atomic_write may leave .tmp files of)
 
 
 @dataclass
@@ -98,7 +102,11 @@ def lr_schedule(name: str, warmup_steps: int):
 
 
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG's state as tensors, numbers and tuples: what `torch.load(weights_only=True)` accepts."""
+    _, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
+                       "gauss": float(gauss)}}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -106,10 +114,23 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    numpy_state = state["numpy"]
+    np.random.set_state(("MT19937", numpy_state["keys"].numpy().astype(np.uint32), numpy_state["pos"],
+                         numpy_state["has_gauss"], numpy_state["gauss"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def weights_sha256(weights: dict) -> str:
+    """SHA-256 of a state dict by value (names, dtypes, shapes and bytes): stored in every checkpoint and checked
+    on load, so that a damaged file never translates silently."""
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        tensor = weights[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def write_checkpoint(checkpoint: dict, path: Path) -> None:
@@ -135,18 +156,39 @@ def best_on_disk(out_dir: Path) -> tuple[float, int] | None:
 
 
 def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
-    """Read a checkpoint, refusing missing, truncated or foreign files with one clear line."""
+    """Read a checkpoint, refusing missing, truncated, foreign, damaged or diverged files with one clear line.
+
+    Only tensors and plain data are unpickled (`weights_only=True`): a file holding other objects is refused,
+    since unpickling them could run code."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=False)
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as error:
+        if "weights only" not in str(error).lower():
+            raise CheckpointError(f"checkpoint {path} is corrupt or truncated (UnpicklingError)") from None
+        raise CheckpointError(f"checkpoint {path} holds Python objects besides tensors and plain data; refused, "
+                              f"since loading it could run code (a file msgcore did not write, or an older "
+                              f"msgcore's)") from None
     except Exception as error:  # torch raises several types for a damaged zip/pickle
         raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({type(error).__name__})") from None
     missing = [k for k in CHECKPOINT_KEYS if not isinstance(checkpoint, dict) or k not in checkpoint]
     if missing:
         raise CheckpointError(f"{path} is not a msgcore checkpoint (missing {', '.join(missing)})")
+    check_weights(checkpoint, path)
     return checkpoint
+
+
+def check_weights(checkpoint: dict, path: Path) -> None:
+    """The weights must be a state dict of tensors that matches its stored SHA-256 and holds only finite values."""
+    weights = checkpoint["model"]
+    if not isinstance(weights, dict) or not all(isinstance(t, torch.Tensor) for t in weights.values()):
+        raise CheckpointError(f"{path} is not a msgcore checkpoint (its model entry is not a state dict)")
+    if weights_sha256(weights) != checkpoint["weights_sha256"]:
+        raise CheckpointError(f"checkpoint {path} is damaged: its weights do not match their SHA-256")
+    if not all(torch.isfinite(t).all() for t in weights.values() if t.is_floating_point()):
+        raise CheckpointError(f"checkpoint {path} holds NaN/inf weights (a diverged run?)")
 
 
 class LossModule(nn.Module):
@@ -356,7 +398,8 @@ class Trainer:
         if self.rank > 0:
             return
         checkpoint = {
-            "model": self.model.state_dict(), "model_class": type(self.model).__name__,
+            "model": (weights := self.model.state_dict()), "weights_sha256": weights_sha256(weights),
+            "model_class": type(self.model).__name__,
             "model_config": self.model.cfg.to_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "state": asdict(self.state),
             "train_config": asdict(self.cfg),
@@ -366,7 +409,11 @@ class Trainer:
         write_checkpoint(checkpoint, Path(path))
 
     def resume(self, path: str | Path) -> None:
-        """Restore model, optimizer, scheduler, RNG and data position from `path`."""
+        """Restore model, optimizer, scheduler, RNG and data position from `path`.
+
+        Resuming from last.pt also removes the temporary files a killed save left, and checks the run's
+        best.pt: one that is damaged or missing is replaced by validating last.pt's model now (said in a
+        warning), so that the run never ends with an unreadable best checkpoint."""
         checkpoint = load_checkpoint(path)
         if checkpoint["model_class"] != type(self.model).__name__:
             raise CheckpointError(f"{path} holds a {checkpoint['model_class']}, not a {type(self.model).__name__}")
@@ -374,12 +421,45 @@ class Trainer:
             self.model.load_state_dict(checkpoint["model"])
         except RuntimeError as error:
             raise CheckpointError(f"{path} does not fit this model: {str(error).splitlines()[0]}") from None
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
-        self.scheduler.load_state_dict(checkpoint["scheduler"])
-        self.state = TrainState(**checkpoint["state"])
-        set_rng_state(checkpoint["rng"])
+        try:
+            self.optimizer.load_state_dict(checkpoint["optimizer"])
+            self.scheduler.load_state_dict(checkpoint["scheduler"])
+            self.state = TrainState(**checkpoint["state"])
+            check_state_types(self.state)
+            set_rng_state(checkpoint["rng"])
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as error:
+            raise CheckpointError(f"{path}: its trainer or RNG state is unreadable ({type(error).__name__}: "
+                                  f"{str(error).splitlines()[0] if str(error) else 'wrong types'})") from None
         if self.world > 1:  # the checkpoint holds process 0's RNG: give each process a stream of its own
             torch.manual_seed(self.cfg.seed + 1000 * self.state.step + self.rank)
+        if Path(path).name != "best.pt":
+            if self.rank == 0:
+                remove_temporaries(self.out_dir, RUN_FILES)
+            self.replace_unreadable_best()
+
+    def replace_unreadable_best(self) -> None:
+        """A best.pt that last.pt's record promises but that is damaged or missing: validate now, which writes
+        a new one (the best of the earlier validations is lost; the warning says so)."""
+        best = self.out_dir / "best.pt"
+        if self.state.best_step < 0 or self.valid_data is None:
+            return
+        try:
+            load_checkpoint(best)
+            return
+        except CheckpointError as error:
+            problem = str(error)
+        print(f"warning: {problem}; the run goes on from last.pt (step {self.state.step}) and validates it now for "
+              f"a new best.pt (the best so far, step {self.state.best_step}, is lost)", file=sys.stderr)
+        self.state.best_bleu, self.state.best_step, self.state.bad_validations = -1.0, -1, 0
+        self.validate()
+
+
+def check_state_types(state: TrainState) -> None:
+    """TrainState's fields must have their types: a garbage state is refused before training on it."""
+    whole = ("step", "epoch", "batch_in_epoch", "best_step", "bad_validations")
+    if any(type(getattr(state, name)) is not int for name in whole) or not isinstance(state.best_bleu, (int, float)) \
+            or not isinstance(state.history, list) or state.step < 0 or state.epoch < 0 or state.batch_in_epoch < 0:
+        raise TypeError("wrong types or negative counters in the trainer state")
 
 
 @torch.no_grad()

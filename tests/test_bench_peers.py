@@ -140,6 +140,8 @@ def test_the_report_writer_names_the_file_by_device_and_writes_json_and_markdown
     (["--toolkits", "msgcore", "fairseq"], "unknown toolkit 'fairseq'"),
     (["--minutes", "0"], "--minutes must be positive"),
     (["--minutes", "-2"], "--minutes must be positive"),
+    (["--minutes", "inf"], "--minutes must be positive and finite, not inf"),  # it never ended before
+    (["--minutes", "nan"], "--minutes must be positive and finite, not nan"),
     (["--threads", "0"], "--threads must be positive"),
     (["--points", "0"], "--points must be positive"),
     (["--toolkits", "msgcore", "msgcore"], "named twice"),

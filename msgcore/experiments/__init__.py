@@ -7,6 +7,7 @@ stages live beside it (e.g. `msgcore.experiments.trice`).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from msgcore import runcache
+from msgcore import distributed, runcache
 from msgcore.batching import EncodedCorpus, encode_corpus
 from msgcore.data import Corpus, load_multi30k, synthetic_corpus
 from msgcore.generation import GenerationConfig
@@ -194,15 +195,17 @@ def train_model(model, data: TranslationData, train_cfg: TrainConfig, device: to
     refs = data.corpora["val"].target
     entry = runcache.entry_dir("run", run_key(model, train_cfg, train, valid, refs))
     folder = entry or Path(out_dir)
-    meta = runcache.finished(entry) if entry else None
-    if meta is not None:
-        result = load_finished_run(model, folder, meta, device)
-    else:
-        result = run_training(model, data, train_cfg, device, folder, train, valid, refs, trainer_class)
-        if entry:
-            (folder / "last.pt").unlink(missing_ok=True)  # the optimizer state is not needed once finished
-            runcache.mark_finished(folder, ["best.pt", "log.json"], wall_time_s=result.wall_time_s,
-                                   device=str(device), model_class=type(model).__name__)
+    holding = runcache.entry_lock(entry) if entry and not distributed.launched() else contextlib.nullcontext()
+    with holding:  # a second process asking for this run waits for the first, then reuses it
+        meta = runcache.finished(entry) if entry else None
+        if meta is not None:
+            result = load_finished_run(model, folder, meta, device)
+        else:
+            result = run_training(model, data, train_cfg, device, folder, train, valid, refs, trainer_class)
+            if entry:
+                (folder / "last.pt").unlink(missing_ok=True)  # the optimizer state is not needed once finished
+                runcache.mark_finished(folder, ["best.pt", "log.json"], wall_time_s=result.wall_time_s,
+                                       device=str(device), model_class=type(model).__name__)
     if entry:
         with atomic_write(Path(out_dir) / "run.json") as f:
             json.dump({"cache_entry": str(folder), "reused": result.reused}, f)

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shutil
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
 from msgcore import runcache
-from msgcore.utils import MsgcoreError, resolve_device, seed_everything
+from msgcore.options import OneLineParser, device_option, seed_option
+from msgcore.utils import MsgcoreError, atomic_write, check_writable_dir, check_writable_file, os_error_line, \
+    resolve_device, seed_everything
 
 # chapter -> (module, function(scale_name, device, out_dir, seed)) that trains every run the chapter needs
 CHAPTERS = {
@@ -39,40 +43,93 @@ def chapter_function(name: str):
 
 
 def pack(archive: Path) -> None:
+    """Write the finished, verified cache entries into `archive` (a tar file), whole or not at all."""
     root = runcache.cache_root()
     if root is None or not root.is_dir():
         raise MsgcoreError("the run cache is off or empty: nothing to pack")
-    with tarfile.open(archive, "w") as tar:
+    with atomic_write(archive, "wb") as f, tarfile.open(fileobj=f, mode="w") as tar:
         for entry in sorted(root.iterdir()):
-            if runcache.finished(entry) is not None:  # only finished, verified entries travel
-                tar.add(entry, arcname=entry.name)
+            if entry.is_dir() and not entry.name.startswith(".") and runcache.finished(entry) is not None:
+                tar.add(entry, arcname=entry.name)  # only finished, verified entries travel
     print(f"packed {root} into {archive}")
 
 
+def archive_members(archive: Path) -> list[tarfile.TarInfo]:
+    """The members of a packed cache, each checked before anything is written: a plain file or folder inside
+    one cache entry. Absolute paths, `..`, links and devices are refused, as is anything tarfile cannot read."""
+    try:
+        with tarfile.open(archive) as tar:
+            members = tar.getmembers()
+    except (tarfile.TarError, EOFError, OSError) as error:
+        raise MsgcoreError(f"--unpack {archive} is not a readable tar archive ({type(error).__name__}: "
+                           f"{str(error).splitlines()[0] if str(error) else 'truncated'})") from None
+    for member in members:
+        parts = Path(member.name).parts
+        kind = "a link" if member.issym() or member.islnk() else None if member.isfile() or member.isdir() \
+            else "a device or special file"
+        if member.name.startswith(("/", "\\")) or Path(member.name).is_absolute():
+            raise MsgcoreError(f"--unpack {archive} refused: {member.name!r} is an absolute path")
+        if ".." in parts or not parts:
+            raise MsgcoreError(f"--unpack {archive} refused: {member.name!r} leaves the run cache")
+        if kind:
+            raise MsgcoreError(f"--unpack {archive} refused: {member.name!r} is {kind}; a packed cache holds only "
+                               f"files and folders")
+        if parts[0].startswith("."):
+            raise MsgcoreError(f"--unpack {archive} refused: {member.name!r} is not a run cache entry's file")
+    return members
+
+
 def unpack(archive: Path) -> None:
+    """Unpack a packed cache into the run cache: checked whole first, extracted into a staging folder, each
+    entry verified against its checksums, then moved into place (entries already there are kept)."""
     root = runcache.cache_root()
     if root is None:
         raise MsgcoreError("the run cache is off (MSGCORE_RUNS=off): nowhere to unpack")
+    if root.exists() and not root.is_dir():
+        raise MsgcoreError(f"the run cache MSGCORE_RUNS={root} is a file, not a folder")
     if not archive.is_file():
         raise MsgcoreError(f"no such archive: {archive}")
+    check_writable_dir(root, "the run cache (MSGCORE_RUNS)")
+    members = archive_members(archive)
     root.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(root, filter="data")
-    print(f"unpacked {archive} into {root}")
+    staging = Path(tempfile.mkdtemp(dir=root, prefix=".unpack-"))
+    try:
+        try:
+            with tarfile.open(archive) as tar:
+                tar.extractall(staging, members=members, filter="data")
+        except (tarfile.TarError, EOFError) as error:
+            raise MsgcoreError(f"--unpack {archive} is damaged ({type(error).__name__}: {error}); "
+                               f"nothing was unpacked") from None
+        entries = sorted(staging.iterdir())
+        bad = [entry.name for entry in entries if runcache.verified(entry)[0] is None]
+        if bad:
+            raise MsgcoreError(f"--unpack {archive}: {len(bad)} entr{'y' if len(bad) == 1 else 'ies'} fail their "
+                               f"checksums ({', '.join(bad[:3])}); nothing was unpacked")
+        added = [entry for entry in entries if not (root / entry.name).exists()]
+        for entry in added:
+            entry.rename(root / entry.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(f"unpacked {archive} into {root}: {len(added)} new entries, {len(entries) - len(added)} already there")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m msgcore.experiments", description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = OneLineParser(prog="python -m msgcore.experiments", description=__doc__.splitlines()[0],
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("chapters", nargs="*", help=f"chapters to train: {', '.join(CHAPTERS)}")
     parser.add_argument("--scale", choices=["smoke", "small", "full"], default="full")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", type=device_option, default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--seed", type=seed_option, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/script"), help="folder for the runs' pointers")
     parser.add_argument("--pack", type=Path, help="afterwards, pack the finished cache entries into this tar file")
     parser.add_argument("--unpack", type=Path, help="unpack a packed cache into the run cache, then exit")
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help (0) or a usage error (2, already printed as one line)
+        return exit_.code if isinstance(exit_.code, int) else 2
+    try:
+        if args.pack:
+            check_writable_file(args.pack, "--pack")  # before hours of training, not after
         if args.unpack:
             unpack(args.unpack)
             return 0
@@ -87,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
             pack(args.pack)
     except MsgcoreError as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # a full disk while packing or unpacking, say
+        print(f"error: {os_error_line(error)}", file=sys.stderr)
         return 2
     return 0
 

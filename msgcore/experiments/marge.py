@@ -227,9 +227,10 @@ def pretrain(model, constructor: BatchConstructor, steps: int, lr: float = 1e-3,
 def save_pretraining(path: Path, model, optimizer, scheduler, constructor: BatchConstructor, progress: dict) -> None:
     """Write a resumable pre-training state atomically: weights, optimizer, schedule, batch construction
     (shards, this period's batches and position, its RNG), the RNG states and the log so far."""
-    from msgcore.trainer import rng_state, write_checkpoint
+    from msgcore.trainer import rng_state, weights_sha256, write_checkpoint
 
-    write_checkpoint({"model": model.state_dict(), "model_class": type(model).__name__,
+    weights = model.state_dict()
+    write_checkpoint({"model": weights, "weights_sha256": weights_sha256(weights), "model_class": type(model).__name__,
                       "model_config": model.cfg.to_dict(), "optimizer": optimizer.state_dict(),
                       "scheduler": scheduler.state_dict(), "rng": rng_state(), "state": progress,
                       "train_config": {"retrieval": asdict(constructor.cfg)}, "constructor": constructor.state_dict()},
@@ -418,7 +419,7 @@ def train_marge(docs: Documents, val_docs: Documents, tokenizer, scale: MargeSca
     entry = runcache.entry_dir("run", key)
     meta = runcache.finished(entry) if entry else None
     if meta is not None:
-        model.load_state_dict(torch.load(entry / "best.pt", map_location="cpu"))
+        model.load_state_dict(torch.load(entry / "best.pt", map_location="cpu", weights_only=True))
         runcache.note_reused(entry.name)
         return MargeRun(model.to(device).eval(), json.loads((entry / "log.json").read_text()), meta["wall_time_s"], True)
     if beta is not None:

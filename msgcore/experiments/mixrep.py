@@ -394,7 +394,7 @@ def with_translations(kind: str, model, train: EncodedCorpus, beam: int, build) 
     data, beam) through the run cache, so stage 2 never translates the training set twice."""
     key = {"model": runcache.fingerprint(type(model).__name__, model.cfg, model.state_dict()),
            "data": runcache.fingerprint(train), "beam": beam}
-    return runcache.cached_artifact(kind, key, build)
+    return runcache.cached_artifact(kind, key, build, safe_types=(MixRepCorpus,))
 
 
 def co_teaching_data(model: MixRepTransformer, data: TranslationData, beam: int, device: torch.device) -> MixRepCorpus:
