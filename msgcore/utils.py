@@ -198,6 +198,9 @@ def lock_holder(lock: Path) -> int | None:
         return None
     except PermissionError:
         pass  # alive, another user's
+    with contextlib.suppress(OSError, IndexError):
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return None  # a zombie: it has ended, its parent has not reaped it yet
     return pid
 
 

@@ -77,6 +77,37 @@ def test_the_curve_is_one_run_cut_into_chunks_and_is_cached(data, tmp_path):
     assert again.run.reused and again.curve == cut.curve
 
 
+def test_an_interrupted_curve_run_resumes_to_the_same_result(data, tmp_path, monkeypatch):
+    from msgcore.trainer import Trainer
+
+    cfg = TrainConfig(**{**vars(STEPS), "max_epochs": 100, "max_steps": 9, "validate_every": 3})
+    torch.manual_seed(0)
+    straight = nat.train_with_curve(CoverageNAT(nat.nat_config(data, SCALE)), data, cfg, CPU, tmp_path / "a", every=3)
+    monkeypatch.setenv("MSGCORE_RUNS", str(tmp_path / "other-cache"))
+    calls, real_step = {"n": 0}, Trainer.train_step
+
+    def dying_step(self, batches):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt  # a kill in the second chunk, after the first chunk's point
+        return real_step(self, batches)
+    monkeypatch.setattr(Trainer, "train_step", dying_step)
+    torch.manual_seed(0)
+    with pytest.raises(KeyboardInterrupt):
+        nat.train_with_curve(CoverageNAT(nat.nat_config(data, SCALE)), data, cfg, CPU, tmp_path / "b", every=3)
+    steps_after = []
+    monkeypatch.setattr(Trainer, "train_step", lambda self, b: steps_after.append(1) or real_step(self, b))
+    torch.manual_seed(0)
+    resumed = nat.train_with_curve(CoverageNAT(nat.nat_config(data, SCALE)), data, cfg, CPU, tmp_path / "c", every=3)
+    assert len(steps_after) == 6  # it went on from the first chunk's last.pt (update 3), not from the start
+    assert not resumed.run.reused and resumed.curve == straight.curve
+    assert [r["step"] for r in resumed.run.history] == [r["step"] for r in straight.run.history]
+    for a, b in zip(straight.model.state_dict().values(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b)
+    entries = list((tmp_path / "other-cache").iterdir())
+    assert entries and not any((e / "work").exists() for e in entries)  # the resumable state goes once finished
+
+
 def test_translate_nat_and_lpd_keep_corpus_order(data, tmp_path):
     phase1, _ = train_nat(data, SCALE, CPU, tmp_path / "nat", beta=0)
     model = phase1.model

@@ -80,7 +80,7 @@ def test_a_checkpoint_that_would_run_code_is_refused(run, files, tmp_path, capsy
 def test_a_cached_artefact_that_would_run_code_is_refused(tmp_path):
     marker = tmp_path / "marker"
     key = {"what": "a crafted entry"}
-    entry = runcache.entry_dir("distilled", runcache.fingerprint("distilled", key))
+    entry = runcache.artifact_entry("distilled", key)
     entry.mkdir(parents=True)
     torch.save({"targets": RunsCode(marker)}, entry / "artifact.pt")
     runcache.mark_finished(entry, ["artifact.pt"], kind="distilled")  # its checksum matches: only the content is bad

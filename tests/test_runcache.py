@@ -40,22 +40,121 @@ def test_fingerprint_is_by_value():
     assert runcache.fingerprint(torch.tensor(1.5)) != runcache.fingerprint(torch.tensor(2.5))  # 0-d tensors
 
 
-def test_a_field_added_later_with_its_default_keeps_the_key():
-    from dataclasses import dataclass, field
+def test_a_changed_default_is_another_run():
+    from dataclasses import dataclass
 
     @dataclass
-    class Old:
+    class Recipe:
         lr: float = 1e-3
 
     @dataclass
-    class Old2:  # the same config after a release added a field
-        lr: float = 1e-3
-        save_every: int = 0
-        tags: list = field(default_factory=list)
+    class Recipe2:  # the same recipe after a release changed the default
+        lr: float = 2e-3
 
-    Old2.__name__ = "Old"
-    assert runcache.fingerprint(Old(2e-3)) == runcache.fingerprint(Old2(2e-3))
-    assert runcache.fingerprint(Old(2e-3)) != runcache.fingerprint(Old2(2e-3, save_every=5))
+    Recipe2.__name__ = "Recipe"
+    assert runcache.fingerprint(Recipe()) != runcache.fingerprint(Recipe2())
+    assert runcache.fingerprint(cfg()) != runcache.fingerprint(cfg(clip_norm=TrainConfig.clip_norm + 1))
+
+
+# ---- the key covers the code and the numerics: one test per item -----------------------------------------------
+
+def key_of(toy, model=None, train_cfg=None, trainer_class=None, device="cpu"):
+    from msgcore.experiments import run_key
+    from msgcore.trainer import Trainer
+
+    return run_key(model or fresh_model(toy), train_cfg or cfg(), toy.encoded["train"], toy.encoded["val"],
+                   toy.corpora["val"].target, trainer_class or Trainer, device)
+
+
+@pytest.mark.parametrize("module", [*runcache.NUMERICS_MODULES, "msgcore.models.trice"])
+def test_a_code_change_in_a_module_that_decides_numerics_is_a_miss(toy, monkeypatch, module):
+    from msgcore.models.trice import TriceConfig, TriceTransformer
+
+    tokenizer = toy.tokenizer
+    torch.manual_seed(0)
+    trice = TriceTransformer(TriceConfig(**{**preset("tiny").to_dict(), "vocab_size": tokenizer.vocab_size,
+                                            "pad_id": tokenizer.pad_id}))
+    before = key_of(toy, trice)
+    real = runcache.module_syntax
+    monkeypatch.setattr(runcache, "module_syntax", lambda name: real(name) + ("changed" if name == module else ""))
+    assert key_of(toy, trice) != before
+
+
+def test_the_model_module_and_its_base_classes_are_hashed(monkeypatch):
+    from msgcore.experiments.mixrep import MixRepTrainer
+    from msgcore.models.trice import TriceTransformer
+
+    seen = []
+    real = runcache.module_syntax
+    monkeypatch.setattr(runcache, "module_syntax", lambda name: seen.append(name) or real(name))
+    runcache.code_fingerprint(TriceTransformer, MixRepTrainer)
+    assert {"msgcore.models.trice", "msgcore.model", "msgcore.experiments.mixrep", "msgcore.trainer"} <= set(seen)
+    assert set(runcache.NUMERICS_MODULES) <= set(seen)
+
+
+def test_comments_and_docstrings_do_not_change_the_code_key():
+    code = 'def f(x):\n    """Doubles."""\n    return 2 * x  # twice\n'
+    assert runcache.code_syntax(code) == runcache.code_syntax('def f(x):\n    """Twice x."""\n    return 2 * x\n')
+    assert runcache.code_syntax(code) != runcache.code_syntax('def f(x):\n    return 3 * x\n')
+
+
+@pytest.mark.parametrize("change", ["trainer class", "precision", "precision resolved by the device", "sdpa backend",
+                                    "torch version"])
+def test_the_trainer_class_precision_backend_and_torch_version_are_in_the_key(toy, monkeypatch, change):
+    from msgcore.experiments.mixrep import MixRepTrainer
+
+    before = key_of(toy)
+    if change == "trainer class":
+        after = key_of(toy, trainer_class=MixRepTrainer)
+    elif change == "precision":
+        after = key_of(toy, train_cfg=cfg(amp="bf16"))
+    elif change == "precision resolved by the device":  # "auto": fp32 on a CPU, bf16 on a GPU
+        assert key_of(toy, train_cfg=cfg(amp="auto")) == before  # on a CPU, auto is fp32
+        after = key_of(toy, train_cfg=cfg(amp="auto"), device="cuda")
+    elif change == "sdpa backend":
+        after = key_of(toy, train_cfg=cfg(sdpa_backends=("math",)))
+    else:
+        monkeypatch.setattr(torch, "__version__", "0.0.1")
+        after = key_of(toy)
+    assert after != before
+
+
+def test_an_artefact_key_covers_the_generation_code(monkeypatch):
+    calls = []
+    runcache.cached_artifact("toy", {"k": 1}, lambda: calls.append(1) or [1])
+    runcache.cached_artifact("toy", {"k": 1}, lambda: calls.append(1) or [1])
+    assert len(calls) == 1
+    real = runcache.module_syntax
+    monkeypatch.setattr(runcache, "module_syntax", lambda name: real(name) + ("x" if name == "msgcore.generation" else ""))
+    runcache.cached_artifact("toy", {"k": 1}, lambda: calls.append(1) or [1])
+    assert len(calls) == 2
+
+
+def test_a_finished_entry_records_its_provenance(toy, tmp_path):
+    run = train_model(fresh_model(toy), toy, cfg(), torch.device("cpu"), tmp_path / "a")
+    meta = json.loads((run.out_dir / "meta.json").read_text())
+    assert {"commit", "torch", "date", "device", "wall_time_s"} <= set(meta)
+    assert meta["torch"] == torch.__version__ and meta["device"] == "cpu"
+
+
+def test_two_processes_on_one_run_take_turns(tmp_path, monkeypatch):
+    """The second waits for the first's lock; a lock whose process is gone is taken over."""
+    import subprocess
+    import sys
+    import time
+
+    entry = tmp_path / "run-x"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
+    entry.mkdir()
+    (entry / ".lock").write_text(f"{sleeper.pid}\n")
+    start = time.perf_counter()
+    with runcache.entry_lock(entry, poll_s=0.2):
+        waited = time.perf_counter() - start
+        assert sleeper.poll() is not None  # we got the lock only once its holder had ended
+    assert waited > 0.2 and not (entry / ".lock").exists()
+    (entry / ".lock").write_text("4194400\n")  # no such process: stale
+    with runcache.entry_lock(entry, poll_s=0.2):
+        assert (entry / ".lock").read_text().strip() == str(__import__("os").getpid())
 
 
 def test_same_recipe_is_reused_and_gives_the_same_weights(toy, tmp_path):

@@ -161,23 +161,19 @@ def train_translation(data: TranslationData, scale: Scale, device: torch.device,
     return train_model(Transformer(cfg), data, replace(scale.train, seed=seed, progress=progress), device, out_dir)
 
 
-def code_fingerprint(model) -> str:
-    """The source of the model's own module (a paper's file under msgcore/models/, or msgcore/model.py).
-
-    # Deviation from a full code hash: the shared core (attention, layers, trainer) is not hashed, so that a
-    # refactor of the core does not retrain every chapter; a core change that alters results must bump
-    # runcache.RESULTS_VERSION instead."""
-    import inspect
-
-    return runcache.fingerprint(Path(inspect.getsourcefile(type(model))).read_text(), runcache.RESULTS_VERSION)
-
-
-def run_key(model, train_cfg: TrainConfig, train: EncodedCorpus, valid: EncodedCorpus, refs: list[str]) -> str:
-    """What decides a training run's result (the device does not: a GPU run serves a CPU notebook)."""
+def run_key(model, train_cfg: TrainConfig, train: EncodedCorpus, valid: EncodedCorpus, refs: list[str],
+            trainer_class: type[Trainer] = Trainer, device: torch.device | str = "cpu") -> str:
+    """What decides a training run's result: the model (class, every config field, initial weights), the recipe
+    (every field), the data, the trainer class, the precision the device resolves to, the SDPA backends, and the
+    code (`runcache.code_fingerprint`: the shared core, the model's and the trainer's modules, torch's version).
+    The device itself does not: a GPU run in fp32 serves a CPU notebook in fp32."""
     recipe = replace(train_cfg, progress=False, log_every=TrainConfig.log_every)  # neither changes the result
-    parts = [type(model).__name__, model.cfg, model.state_dict(), recipe, train, valid, refs, code_fingerprint(model)]
+    numerics = {"precision": str(Trainer.resolve_amp(train_cfg.amp, torch.device(device))),
+                "sdpa": list(train_cfg.sdpa_backends)}
+    parts = [type(model).__name__, model.cfg, model.state_dict(), recipe, train, valid, refs, trainer_class.__name__,
+             numerics, runcache.code_fingerprint(type(model), trainer_class)]
     frozen = [name for name, parameter in model.named_parameters() if not parameter.requires_grad]
-    if frozen:  # a run that trains only some parameters is another run (appended only then: other keys stay put)
+    if frozen:  # a run that trains only some parameters is another run
         parts.append(("frozen", frozen))
     return runcache.fingerprint(*parts)
 
@@ -193,7 +189,7 @@ def train_model(model, data: TranslationData, train_cfg: TrainConfig, device: to
     instead of trained, an interrupted one resumes from its last.pt. `out_dir/run.json` points at the entry."""
     train, valid = train or data.encoded["train"], valid or data.encoded["val"]
     refs = data.corpora["val"].target
-    entry = runcache.entry_dir("run", run_key(model, train_cfg, train, valid, refs))
+    entry = runcache.entry_dir("run", run_key(model, train_cfg, train, valid, refs, trainer_class, device))
     folder = entry or Path(out_dir)
     holding = runcache.entry_lock(entry) if entry and not distributed.launched() else contextlib.nullcontext()
     with holding:  # a second process asking for this run waits for the first, then reuses it
@@ -252,15 +248,10 @@ def evaluate(model, data: TranslationData, split: str, scale: Scale, device: tor
 
 def paired_delta(references: list[str], baseline: list[str], system: list[str], metric: str = "bleu",
                  n_samples: int = 1000) -> tuple[float, float]:
-    """(system - baseline score, paired-bootstrap p-value) for one metric (sacrebleu's PairedTest)."""
-    from msgcore.metrics import paired_test
+    """(system - baseline score, paired-bootstrap p-value) for one metric (msgcore.verdicts.paired_bootstrap)."""
+    from msgcore.verdicts import paired_bootstrap
 
-    if list(system) == list(baseline):  # sacrebleu's bootstrap reports p = 0.001 for two identical outputs
-        return 0.0, 1.0
-    _, results = paired_test(references, {"baseline": baseline, "system": system}, metrics=(metric,),
-                             n_samples=n_samples)
-    base, other = next(value for key, value in results.items() if key != "System")  # keyed by sacrebleu's name
-    return other.score - base.score, other.p_value
+    return paired_bootstrap(references, baseline, system, metric, n_samples)
 
 
 def mean_std(values) -> str:

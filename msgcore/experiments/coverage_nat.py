@@ -13,6 +13,7 @@ the notebook calls it too, so a GPU script and the notebook share every run.
 """
 from __future__ import annotations
 
+import json
 import random
 import statistics
 import time
@@ -34,7 +35,7 @@ from msgcore.model import PRESETS, Transformer
 from msgcore.models.coverage_nat import (CoverageNAT, CoverageNATConfig, generate_lpd, generate_nat,
                                          remove_consecutive_repeats, repeat_ratio)
 from msgcore.trainer import Trainer, TrainConfig, translate_encoded
-from msgcore.utils import MsgcoreError
+from msgcore.utils import MsgcoreError, atomic_write
 
 # ---- the paper's numbers (arXiv:2104.11897v1, read from its text) ----------------------------------------
 # Table II: BLEU (%) on the test sets (WMT14 newstest2014, WMT16 newstest2016), latency per sentence on
@@ -189,7 +190,8 @@ def distill(teacher, data: TranslationData, scale: NATScale, device: torch.devic
         return EncodedCorpus(encoded.sources, targets, encoded.target_prefix, encoded.eos_id)
 
     key = {"teacher": runcache.fingerprint(type(teacher).__name__, teacher.cfg, teacher.state_dict()),
-           "sources": runcache.fingerprint(encoded.sources, encoded.target_prefix), "beam": scale.teacher_beam,
+           "sources": runcache.fingerprint(encoded.sources, encoded.target_prefix),
+           "generation": GenerationConfig(beam_size=scale.teacher_beam),
            "tokenizer": runcache.fingerprint(data.tokenizer.to_bytes())}
     return runcache.cached_artifact("distilled", key, build)
 
@@ -222,31 +224,47 @@ def train_with_curve(model: CoverageNAT, data: TranslationData, train_cfg: Train
     `curve_sentences`, 0 = all) and record BLEU, BLEU after repeat removal and the repeat ratio.
 
     The chunks continue one Trainer (same batches, schedule and dropout stream as one run); the result is
-    stored in the run cache (kind "natcurve"). `every` = 0: a plain `train_model` run without a curve."""
+    stored in the run cache (kind "natcurve"). An interrupted run resumes: each chunk ends with last.pt and the
+    curve so far in the entry's `work/` folder. `every` = 0: a plain `train_model` run without a curve."""
     if not every:
         return NATRun(train_model(model, data, train_cfg, device, out_dir, train=train))
     from msgcore.experiments import run_key
 
     train = train or data.encoded["train"]
     valid, refs = data.encoded["val"], data.corpora["val"].target
-    key = {"run": run_key(model, train_cfg, train, valid, refs), "every": every, "sentences": curve_sentences}
+    key = {"run": run_key(model, train_cfg, train, valid, refs, device=device), "every": every,
+           "sentences": curve_sentences}
     curve_data = limit_eval_splits(data, curve_sentences)
+    entry = runcache.artifact_entry("natcurve", key)
+    work = entry / "work" if entry else Path(out_dir)
     reused = True
 
     def build() -> dict:
         nonlocal reused
         reused = False
-        trainer = Trainer(model, data.tokenizer, train, valid, refs, train_cfg, device, out_dir)
-        start, curve = time.perf_counter(), []
-        for stop in range(every, train_cfg.max_steps + every, every):
-            trainer.cfg = replace(train_cfg, max_steps=min(stop, train_cfg.max_steps))
-            trainer.train()
+        trainer = Trainer(model, data.tokenizer, train, valid, refs, train_cfg, device, work)
+        curve, wall = resume_curve(trainer, work)
+
+        def point() -> None:
             outputs = translate_nat(trainer.model, curve_data, "val", device)
             curve.append({"step": trainer.state.step, **bleu_with_and_without_dedup(outputs, curve_data, "val")})
+            with atomic_write(work / "curve.json") as f:
+                json.dump({"curve": curve, "wall_time_s": wall + time.perf_counter() - start}, f)
+
+        start = time.perf_counter()
+        if curve is not None and (not curve or curve[-1]["step"] < trainer.state.step):
+            point()  # killed between last.pt and curve.json: the point of the step last.pt holds
+        curve = curve or []
+        for stop in range(every, train_cfg.max_steps + every, every):
+            if stop <= trainer.state.step:
+                continue  # done before an interruption
+            trainer.cfg = replace(train_cfg, max_steps=min(stop, train_cfg.max_steps))
+            trainer.train()
+            point()
             if trainer.done() and trainer.state.step < trainer.cfg.max_steps:  # early stopping
                 break
-        wall = time.perf_counter() - start
-        trainer.resume(Path(out_dir) / "best.pt")
+        wall += time.perf_counter() - start
+        trainer.resume(work / "best.pt")
         return {"model": trainer.model.state_dict(), "history": trainer.state.history, "curve": curve,
                 "wall_time_s": wall, "device": str(device)}
 
@@ -254,6 +272,17 @@ def train_with_curve(model: CoverageNAT, data: TranslationData, train_cfg: Train
     model.load_state_dict(stored["model"])
     run = RunResult(model.to(device).eval(), stored["history"], stored["wall_time_s"], Path(out_dir), reused=reused)
     return NATRun(run, stored["curve"])
+
+
+def resume_curve(trainer: Trainer, work: Path) -> tuple[list[dict] | None, float]:
+    """(the curve so far, the wall time so far) of an interrupted curve run in `work`, restoring `trainer` from its
+    last.pt; (None, 0.0) for a fresh run."""
+    if not (work / "last.pt").is_file():
+        return None, 0.0
+    trainer.resume(work / "last.pt")
+    saved = json.loads((work / "curve.json").read_text()) if (work / "curve.json").is_file() else {}
+    print(f"resuming the interrupted NAT run in {work} at update {trainer.state.step}")
+    return saved.get("curve", []), saved.get("wall_time_s", 0.0)
 
 
 # ---- two-phase training ------------------------------------------------------------------------

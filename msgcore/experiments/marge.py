@@ -411,8 +411,7 @@ def train_marge(docs: Documents, val_docs: Documents, tokenizer, scale: MargeSca
     rcfg = replace(scale.retrieval, seed=seed, num_shards=max(1, len(set(docs.groups)) // (
         scale.shard_images * change.get("shard_factor", 1))),
         refresh_every=scale.retrieval.refresh_every * change.get("refresh_factor", 1))
-    code = [Path(inspect.getsourcefile(MargeTransformer)).read_text(), Path(retrieval_file).read_text(),
-            inspect.getsource(pretrain), runcache.RESULTS_VERSION]
+    code = [runcache.code_fingerprint(MargeTransformer), Path(retrieval_file).read_text(), inspect.getsource(pretrain)]
     key = runcache.fingerprint("marge-pretrain", model.cfg, model.state_dict(), rcfg, steps, scale.lr, scale.warmup,
                                scale.label_smoothing, beta, docs.pieces, docs.langs, docs.groups, docs.prefixes,
                                val_docs.pieces, code)

@@ -393,7 +393,7 @@ def with_translations(kind: str, model, train: EncodedCorpus, beam: int, build) 
     """`build()`: the training data followed by `model`'s translations of it, computed once per (model weights,
     data, beam) through the run cache, so stage 2 never translates the training set twice."""
     key = {"model": runcache.fingerprint(type(model).__name__, model.cfg, model.state_dict()),
-           "data": runcache.fingerprint(train), "beam": beam}
+           "data": runcache.fingerprint(train), "generation": GenerationConfig(beam_size=beam)}
     return runcache.cached_artifact(kind, key, build, safe_types=(MixRepCorpus,))
 
 
@@ -695,13 +695,14 @@ def chapter0_keys(ch: Chapter) -> dict[str, str]:
     """The run-cache keys of chapter 0's two runs, computed on chapter 0's own data path (`baseline_data`)."""
     recipe = BASELINE_SCALES[ch.scale.baseline]
     data = baseline_data(recipe, ch.seed, allow_synthetic=ch.scale_name == "smoke")
-    return {name: transformer_key(d, recipe, ch.seed) for name, d in data.items()}
+    return {name: transformer_key(d, recipe, ch.seed, device=ch.device) for name, d in data.items()}
 
 
-def transformer_key(data: TranslationData, recipe: Scale, seed: int, train: EncodedCorpus | None = None) -> str:
-    """The run-cache key of `train_transformer(data, recipe, ..., seed)`."""
+def transformer_key(data: TranslationData, recipe: Scale, seed: int, train: EncodedCorpus | None = None,
+                    device: torch.device | str = "cpu") -> str:
+    """The run-cache key of `train_transformer(data, recipe, device, ..., seed)`."""
     return run_key(transformer(data, recipe, seed), replace(recipe.train, seed=seed), train or data.encoded["train"],
-                   data.encoded["val"], data.corpora["val"].target)
+                   data.encoded["val"], data.corpora["val"].target, device=device)
 
 
 def baseline_gates(ch: Chapter, direction: str, keys: dict[str, str]) -> list[Gate]:
@@ -709,7 +710,7 @@ def baseline_gates(ch: Chapter, direction: str, keys: dict[str, str]) -> list[Ga
     reaches chapter 0's gate (De→En) or the chapter's minimum BLEU (every seed)."""
     gates = []
     if direction in keys:
-        ours = transformer_key(ch.directions[direction].data[SP], ch.recipe, ch.seed)
+        ours = transformer_key(ch.directions[direction].data[SP], ch.recipe, ch.seed, device=ch.device)
         gates.append(Gate(f"{direction}: the narrow SP baseline is chapter 0's run (same run-cache key)",
                           float(ours == keys[direction]), 1.0))
     bar = ch.scale.baseline_min_bleu if direction == "De→En" else ch.scale.min_bleu

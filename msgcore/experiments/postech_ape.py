@@ -417,7 +417,8 @@ def cached_only(model, data: TranslationData, train_cfg: TrainConfig, device: to
                 train: EncodedCorpus | None = None, valid: EncodedCorpus | None = None) -> RunResult | None:
     """The finished run `train_model` would return, from the run cache only: None when it was never trained."""
     train, valid = train or data.encoded["train"], valid or data.encoded["val"]
-    entry = runcache.entry_dir("run", run_key(model, train_cfg, train, valid, data.corpora["val"].target))
+    entry = runcache.entry_dir("run", run_key(model, train_cfg, train, valid, data.corpora["val"].target,
+                                              device=device))
     meta = runcache.finished(entry) if entry and entry.is_dir() else None
     return load_finished_run(model, entry, meta, device) if meta else None
 

@@ -1,0 +1,197 @@
+"""The verdict protocol against adversarial evidence: every way a weak result could pass for a verdict."""
+import json
+
+import pytest
+
+from msgcore import verdicts as V
+from msgcore.verdicts import Claim, RunRecord, System
+
+CONVERGED = RunRecord(((1000, 30.0), (2000, 33.0), (3000, 33.1), (4000, 33.2)), 4000, False)
+STILL_RISING = RunRecord(((1000, 20.0), (2000, 26.0), (3000, 30.0), (4000, 34.0)), 4000, False)
+
+
+def system(name, scores, runs=None, updates=4000, test_set="test", metric="BLEU"):
+    runs = [CONVERGED] * len(scores) if runs is None else runs
+    return System(name, {test_set: {metric: list(scores)}}, runs, updates)
+
+
+def floor(name, score):
+    return System(name, {"test": {"BLEU": [score]}})  # untrained: no runs, no budget
+
+
+def better(**kw):
+    return Claim(**{"id": "c", "claim": "A beats B", "paper": "+1.3", "kind": "better", "system": "A",
+                    "baseline": "B", "metric": "BLEU", "test_set": "test", "paper_delta": 1.3, **kw})
+
+
+def judge(claim, *systems):
+    return V.judge(claim, {s.name: s for s in systems})
+
+
+# ---- the adversarial cases --------------------------------------------------------------------------------------
+
+def test_one_seed_is_never_reproduced_whatever_its_p_value():
+    v = judge(better(), system("A", [40.0]), system("B", [30.0]))  # +10 BLEU: a paired test would say p = 0.001
+    assert v.verdict == V.INDICATIVE and "1 seed" in v.reason and "leans towards" in v.reason
+
+
+def test_two_seeds_are_still_indicative():
+    assert judge(better(), system("A", [40, 41]), system("B", [30, 31])).verdict == V.INDICATIVE
+
+
+def test_a_large_loss_is_never_parity():
+    parity = better(kind="parity", margin=1.0, claim="A is no worse than B")
+    far_worse = judge(parity, system("A", [25.0, 24.6, 25.4]), system("B", [30.0, 30.0, 30.0]))  # -5 BLEU
+    assert far_worse.verdict == V.NOT_REPRODUCED
+    noisy = judge(parity, system("A", [22.0, 31.0, 27.0]), system("B", [30.0, 30.0, 30.0]))  # -3.3, not significant
+    assert noisy.verdict == V.INCONCLUSIVE  # non-significance is never parity
+    close = judge(parity, system("A", [29.9, 30.1, 30.0]), system("B", [30.0, 30.0, 30.0]))
+    assert close.verdict == V.REPRODUCED
+
+
+def test_empty_evidence_is_an_error_not_a_verdict():
+    with pytest.raises(V.ProtocolError, match="empty"):
+        judge(better(), system("A", []), system("B", [30.0]))
+    with pytest.raises(V.ProtocolError, match="empty"):
+        V.mean_interval([])
+    with pytest.raises(V.ProtocolError, match="no claims"):
+        V.judge_all([], {})
+
+
+def test_a_run_at_its_cap_while_improving_decides_nothing():
+    v = judge(better(), system("A", [35, 35.2, 35.1], runs=[STILL_RISING] * 3), system("B", [30, 30.1, 29.9]))
+    assert v.verdict == V.NOT_DECIDED and v.reason.startswith("under-trained: A seed 0: dev +4.00")
+    assert not v.converged
+
+
+def test_unequal_budgets_decide_nothing_unless_both_converged():
+    a = system("A", [35, 35.2, 35.1], runs=[STILL_RISING] * 3, updates=4000)
+    b = system("B", [30, 30.1, 29.9], runs=[STILL_RISING] * 3, updates=3000)
+    v = judge(better(), a, b)
+    assert v.verdict == V.NOT_DECIDED and v.reason.startswith("unequal budgets") and not v.equal_budget
+    both_converged = judge(better(), system("A", [35, 35.2, 35.1], updates=4000),
+                           system("B", [30, 30.1, 29.9], updates=3000))
+    assert both_converged.equal_budget and both_converged.verdict == V.REPRODUCED
+
+
+def test_a_trained_system_without_a_dev_curve_cannot_claim_convergence():
+    v = judge(better(), system("A", [35, 35.2, 35.1], runs=[]), system("B", [30, 30.1, 29.9]))
+    assert v.verdict == V.NOT_DECIDED and "no dev curve" in v.reason
+
+
+def test_a_system_at_or_below_its_floor_decides_nothing():
+    claim = better(floors=("constant output", "copy"))
+    v = judge(claim, system("A", [3.0, 2.8, 2.6]), system("B", [0.5, 0.4, 0.6]), floor("constant output", 3.86),
+              floor("copy", 0.46))
+    assert v.verdict == V.NOT_DECIDED and v.reason == "below floor: A 2.80 vs constant output 3.86"
+    assert not v.floors_cleared
+    at_floor = judge(claim, system("A", [3.86] * 3), system("B", [0.5] * 3), floor("constant output", 3.86),
+                     floor("copy", 0.46))
+    assert at_floor.verdict == V.NOT_DECIDED  # "at or below"
+
+
+def test_a_missing_floor_is_an_error():
+    with pytest.raises(V.ProtocolError, match="floor"):
+        judge(better(floors=("copy",)), system("A", [3, 3, 3]), system("B", [1, 1, 1]))
+
+
+def test_a_threshold_straddled_by_the_interval_is_inconclusive():
+    claim = Claim("speed", "NAT is about 10x faster", "10.04x", "threshold", "NAT", "speed-up", "test", threshold=10.0)
+    speed = lambda values: system("NAT", values, runs=[], updates=None, metric="speed-up")
+    straddling = judge(claim, speed([9.0, 10.5, 11.0]))  # mean 10.17: the point estimate alone would pass
+    assert straddling.verdict == V.INCONCLUSIVE and "straddles 10" in straddling.reason
+    point_above = judge(claim, speed([10.3, 10.4, 10.5]))
+    assert point_above.verdict == V.REPRODUCED
+    below = judge(claim, speed([9.5, 9.6, 9.7]))
+    assert below.verdict == V.NOT_REPRODUCED
+
+
+def test_identical_outputs_give_delta_0_and_p_1():
+    refs = ["the cat sat on the mat", "a dog runs"]
+    hyps = ["the cat sat on a mat", "a dog walks"]
+    assert V.paired_bootstrap(refs, hyps, list(hyps)) == (0.0, 1.0)
+
+
+# ---- what a verdict needs, and what it says ---------------------------------------------------------------------
+
+def test_three_converged_seeds_with_a_clear_gain_are_reproduced():
+    v = judge(better(), system("A", [31.4, 31.2, 31.6]), system("B", [30.0, 30.1, 29.9]))
+    assert v.verdict == V.REPRODUCED and v.seeds == {"A": 3, "B": 3} and v.converged and v.floors_cleared
+    assert v.ours == "A 31.40 ± 0.20 vs B 30.00 ± 0.10 BLEU (3 seeds)" and "+1.40" in v.reason
+
+
+def test_the_other_way_or_inside_the_smallest_effect_is_not_reproduced():
+    other_way = judge(better(), system("A", [28.0, 28.2, 27.9]), system("B", [30.0, 30.1, 29.9]))
+    assert other_way.verdict == V.NOT_REPRODUCED and "other way" in other_way.reason
+    tiny = judge(better(), system("A", [30.05, 30.15, 29.95]), system("B", [30.0, 30.1, 29.9]))  # m = 0.65
+    assert tiny.verdict == V.NOT_REPRODUCED and "smallest effect" in tiny.reason
+    wide = judge(better(), system("A", [29.0, 32.0, 31.0]), system("B", [30.0, 30.1, 29.9]))
+    assert wide.verdict == V.INCONCLUSIVE
+
+
+def test_lower_is_better_metrics_flip_the_direction():
+    ter = better(metric="TER", higher_is_better=False, paper_delta=-0.8)
+    a = System("A", {"test": {"TER": [20.0, 20.2, 19.8]}}, [CONVERGED] * 3, 4000)
+    b = System("B", {"test": {"TER": [22.0, 22.1, 21.9]}}, [CONVERGED] * 3, 4000)
+    assert V.judge(ter, {"A": a, "B": b}).verdict == V.REPRODUCED
+    assert V.judge(ter, {"A": b, "B": a}).verdict == V.NOT_REPRODUCED
+
+
+def test_a_multi_source_system_below_its_single_source_baseline_blocks_until_explained():
+    claim = better(single_source=("chapter 0 De→En",))
+    args = (system("A", [31.4, 31.2, 31.6]), system("B", [30.0, 30.1, 29.9]), floor("chapter 0 De→En", 39.2))
+    v = judge(claim, *args)
+    assert v.verdict == V.NOT_DECIDED and "single-source baseline" in v.reason and "39.20" in v.reason
+    explained = better(single_source=("chapter 0 De→En",), coherence_note="a tiny model, 0.4 epochs")
+    assert judge(explained, *args).verdict == V.REPRODUCED
+
+
+def test_a_claim_without_evidence_is_not_run_with_its_cost():
+    claim = better(cost=V.cpu_hours(6, 20_000, 0.35))
+    v = judge(claim, system("B", [30, 30, 30]))
+    assert v.verdict == V.NOT_RUN and "A" in v.reason and "about 11.7 CPU-hours (6 runs × 20,000 updates" in v.reason
+
+
+def test_malformed_declarations_are_refused():
+    with pytest.raises(V.ProtocolError, match="baseline"):
+        better(baseline="")
+    with pytest.raises(V.ProtocolError, match="margin"):
+        better(kind="parity")
+    with pytest.raises(V.ProtocolError, match="threshold"):
+        better(kind="threshold")
+    with pytest.raises(V.ProtocolError, match="unknown kind"):
+        better(kind="roughly")
+    with pytest.raises(V.ProtocolError, match="repeat"):
+        V.judge_all([better(), better()], {})
+
+
+def test_convergence_from_a_trainers_log():
+    rows = [{"kind": "train", "step": s} for s in range(0, 1001, 100)]
+    valid = lambda curve: [{"kind": "valid", "step": s, "valid_bleu": b} for s, b in curve]
+    stopped = V.run_record(rows[:7] + valid([(200, 10), (400, 20), (600, 19), (600, 19)]), patience=2)
+    assert stopped.early_stopped and stopped.converged() == (True, "")
+    rising = V.run_record(rows + valid([(250, 10), (500, 20), (750, 25), (1000, 30)]), patience=0)
+    assert not rising.early_stopped and rising.converged() == (False, "dev +5.00 over updates 750–1000")
+    flat = V.run_record(rows + valid([(250, 10), (500, 20), (750, 25), (1000, 25.1)]), patience=0)
+    assert flat.converged()[0] and flat.best_step == 1000
+    one = V.run_record(rows + valid([(1000, 30)]), patience=0)
+    assert not one.converged()[0] and "too few validations" in one.converged()[1]
+
+
+def test_the_machine_readable_scoreboard(tmp_path):
+    claims = [better(), better(id="d", kind="parity", margin=0.5)]
+    systems = {"A": system("A", [31.4, 31.2, 31.6]), "B": system("B", [30.0, 30.1, 29.9])}
+    verdicts = V.judge_all(claims, systems)
+    path = V.write_results(tmp_path / "results" / "ch.json", "ch", "small", "abc123", verdicts, systems)
+    data = json.loads(path.read_text())
+    assert {"chapter", "scale", "commit", "claims", "systems"} <= set(data)
+    assert set(data["claims"][0]) >= {"id", "claim", "paper", "ours", "verdict", "reason", "seeds", "converged",
+                                      "equal_budget", "floors_cleared"}
+    assert data["systems"][0] == {"name": "A", "scores": {"test": {"BLEU": [31.4, 31.2, 31.6]}}, "updates": 4000}
+    assert all(c["verdict"] in V.VERDICTS for c in data["claims"])
+    table = V.reason_counts(verdicts + [judge(better(), system("A", [35] * 3, runs=[STILL_RISING] * 3),
+                                              system("B", [30] * 3))])
+    assert list(table["verdict"]) == ["reproduced", "not decided"] and list(table["claims"]) == [2, 1]
+    assert table.loc[1, "reason"] == "under-trained"
+    assert list(V.scoreboard(verdicts)["verdict"]) == ["reproduced", "reproduced"]
+    assert list(V.declarations(claims)["compares"]) == ["A vs B", "A vs B"]
