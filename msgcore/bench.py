@@ -167,6 +167,13 @@ def train_flops(cfg: TransformerConfig, batch) -> float:
     return 3.0 * (encoder + decoder + 2 * B * T * D * V)
 
 
+def torch_loss(model, batch, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Transformer.loss through torch's F.cross_entropy over an fp32 copy of the logits (the "loss" ablation)."""
+    logits = model(batch)
+    return F.cross_entropy(logits.float().flatten(0, 1), batch.target_out.flatten(), ignore_index=model.cfg.pad_id,
+                           reduction="sum", label_smoothing=label_smoothing)
+
+
 def math_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **_):
     """SDPA's signature over msgcore's written-out attention (the "math path" ablation)."""
     if is_causal:
@@ -204,6 +211,8 @@ def train_worker(spec: dict, cfg: BenchConfig) -> dict:
         torch.nn.functional.scaled_dot_product_attention = math_sdpa  # this worker only runs msgcore
     if spec.get("qkv") == "fused":
         MultiHeadAttention.queries_keys_values = fused_queries_keys_values  # likewise
+    if spec.get("loss") == "torch":
+        Transformer.loss = torch_loss  # likewise
     if spec.get("compile"):
         model.compile()  # in place, so that model.loss -> model(batch) runs the compiled forward
     model.train()
@@ -428,6 +437,31 @@ def decode_worker(spec: dict, cfg: BenchConfig) -> dict:
 
 # ---- where the time goes: the share of matrix multiplication (issue 16's profile) ---------------------------
 
+MATMUL_SHAPES = ((2048, 2048, 2048), (4096, 256, 1024), (4096, 1024, 256), (4096, 256, 8000))  # (M, K, N): a large
+# square, and the `small` preset's own products (a token batch times the FFN, its projection back, the vocabulary)
+
+
+def peak_worker(spec: dict, cfg: BenchConfig) -> dict:
+    """The hardware's sustained matmul throughput in the spec's dtype, at the bench's thread count: torch.mm at
+    each MATMUL_SHAPES, the median of 10 timed products after 3 warm-up ones. The best shape is the peak that
+    CPU MFU divides by."""
+    device = resolve_device(cfg.device)
+    dtype = torch.bfloat16 if spec["dtype"] == "bf16" else torch.float32
+    by_shape = {}
+    for m, k, n in MATMUL_SHAPES:
+        a, b = torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
+        times = []
+        for rep in range(13):
+            sync(device)
+            start = time.perf_counter()
+            torch.mm(a, b)
+            sync(device)
+            if rep >= 3:
+                times.append(time.perf_counter() - start)
+        by_shape[f"{m}x{k}x{n}"] = 2 * m * k * n / statistics.median(times) / 1e9
+    return {"GFLOP/s by shape": by_shape, "sustained GFLOP/s": max(by_shape.values())}
+
+
 def rounded(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
@@ -479,6 +513,7 @@ def op_rows(rows: list[dict]) -> list[dict]:
 
 # ---- the plan, the workers and the report ------------------------------------------------------------------
 
+BOOK_SETTING = "bf16 autocast + torch's math SDPA kernel (against bf16 autocast)"  # the chapters' CPU setting
 SOURCE_LENGTHS = "each output as long as its source allows (1.2 |x| + 10 tokens), so the sentences end apart"
 
 
@@ -486,7 +521,8 @@ def plan(presets: list[str], device: torch.device, skip_hf: bool, with_compile: 
     """Every measurement as a spec: kind, library, preset, dtype and the knobs of the ablations."""
     dtype = "bf16" if device.type == "cuda" else "fp32"
     libraries = ["msgcore"] if skip_hf else ["msgcore", "hf"]
-    specs = [dict(kind="train", library=lib, preset=p, dtype=dtype) for p in presets for lib in libraries]
+    specs = [dict(kind="peak", library="torch", preset="-", dtype=d) for d in ("fp32", "bf16")]  # what MFU divides by
+    specs += [dict(kind="train", library=lib, preset=p, dtype=dtype) for p in presets for lib in libraries]
     specs += [dict(kind="decode", library=lib, preset=p, dtype=dtype, beam=beam, batch=batch)
               for p in presets for beam in (1, 5) for batch in (1, 64) for lib in libraries]
     first = presets[0]
@@ -520,9 +556,14 @@ def plan(presets: list[str], device: torch.device, skip_hf: bool, with_compile: 
     specs += [dict(kind="profile", of=of, library=lib, preset=p, dtype=dtype, **extra)
               for p in presets for of, extra in (("train", {}), ("decode", {"beam": 5, "batch": 64}))
               for lib in libraries]
+    specs.append(dict(kind="train", **ablation, loss="torch",
+                      ablation="loss by F.cross_entropy over fp32 logits (not msgcore.loss's row chunks)"))
     if dtype == "fp32":  # on a CPU the chapters train under bf16 autocast: what torch's math kernel buys there
-        specs.append(dict(kind="train", **{**ablation, "dtype": "bf16"}, sdpa_backends=["math"], against="bf16 autocast",
-                          ablation="bf16 autocast + torch's math SDPA kernel (against bf16 autocast)"))
+        book = dict(kind="train", **{**ablation, "dtype": "bf16"}, sdpa_backends=["math"])
+        specs.append(dict(**book, against="bf16 autocast", ablation=BOOK_SETTING))
+        specs.append(dict(**book, loss="torch", against=BOOK_SETTING,
+                          ablation="loss by F.cross_entropy over fp32 logits (against the book's CPU setting: "
+                                   "bf16 autocast + the math kernel)"))
     if with_compile:
         specs.append(dict(kind="train", **ablation, compile=True, ablation="torch.compile"))
     return specs
@@ -669,10 +710,33 @@ def tables(report: dict) -> dict:
 
     rows = report["rows"]
     plain = [r for r in rows if "ablation" not in r]
-    return {"train": pd.DataFrame(train_rows(plain)), "decode": pd.DataFrame(decode_rows(plain)),
+    return {"matmul peak": pd.DataFrame(peak_rows(rows)), "hardware use": pd.DataFrame(mfu_rows(report)),
+            "train": pd.DataFrame(train_rows(plain)), "decode": pd.DataFrame(decode_rows(plain)),
             "ratios": pd.DataFrame(ratio_rows(report["ratios"])), "ablations": pd.DataFrame(ablation_rows(rows, plain)),
             "padding": pd.DataFrame([report["padding"]]), "targets": pd.DataFrame(target_rows(report)),
             "profile": pd.DataFrame(profile_rows(rows)), "training ops": pd.DataFrame(op_rows(rows))}
+
+
+def peak_rows(rows: list[dict]) -> list[dict]:
+    """The sustained torch.mm throughput per dtype and shape (the "peak" rows)."""
+    return [{"dtype": r["dtype"], **{f"{shape} (GFLOP/s)": round(v) for shape, v in r["GFLOP/s by shape"].items()},
+             "sustained (GFLOP/s)": round(r["sustained GFLOP/s"])} for r in rows if r["kind"] == "peak"]
+
+
+def mfu_rows(report: dict) -> list[dict]:
+    """CPU MFU: msgcore's training FLOP/s as a share of the matmul peak in the same dtype, for the plain rows and for
+    the book's CPU setting (bf16 autocast + the math kernel)."""
+    peak, out = report.get("peak", {}), []
+    for r in report["rows"]:
+        if r["kind"] != "train" or r["library"] != "msgcore" or r["dtype"] not in peak:
+            continue
+        if "ablation" in r and r["ablation"] != BOOK_SETTING:
+            continue
+        out.append({"preset": r["preset"], "setting": "bf16 autocast + math kernel (the book's)" if "ablation" in r
+                    else r["dtype"], "model TFLOP/s": round(r["model TFLOP/s"], 3),
+                    "matmul peak (TFLOP/s)": round(peak[r["dtype"]] / 1e3, 3),
+                    "MFU": f"{r['model TFLOP/s'] * 1e3 / peak[r['dtype']]:.0%}"})
+    return out
 
 
 def profile_rows(rows: list[dict]) -> list[dict]:
@@ -727,7 +791,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = BenchConfig(**job["cfg"])
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        worker = train_worker if job["spec"].get("of", job["spec"]["kind"]) == "train" else decode_worker
+        kind = job["spec"].get("of", job["spec"]["kind"])
+        worker = {"train": train_worker, "peak": peak_worker}.get(kind, decode_worker)
         print(json.dumps(worker(job["spec"], cfg)))
         return 0
     cfg = BenchConfig(device=args.device, threads=args.threads, repeats=args.repeats)
@@ -747,6 +812,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [row for _, row in measured]
         report = {"environment": environment(device, cfg), "rows": rows, "ratios": ratios(rows),
                   "padding": padding_report(cfg)}
+        report["peak"] = {r["dtype"]: r["sustained GFLOP/s"] for r in rows if r["kind"] == "peak"}
         if device.type == "cuda":
             peak = H100_BF16_PEAK if any(n in device_name(device) for n in ("H100", "H200")) else None
             report["mfu"] = {r["preset"]: r["model TFLOP/s"] * 1e12 / peak for r in rows

@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from msgcore.embeddings import Embeddings, LearnedPositions, SinusoidalPositions
 from msgcore.generation import GenerationConfig, generate
 from msgcore.layers import DecoderLayer, EncoderLayer, EncoderOut, LayerCache
+from msgcore.loss import label_smoothed_cross_entropy
 from msgcore.tokenizer import Tokenizer
 from msgcore.utils import MsgcoreError
 
@@ -204,8 +204,8 @@ class Transformer(nn.Module):
     def loss(self, batch, label_smoothing: float = 0.0) -> Tensor:
         """Hook: the training loss summed over the batch's real target tokens (the Trainer averages).
 
-        Label-smoothed cross-entropy (§5.4), computed in fp32 whatever the autocast dtype.
+        Label-smoothed cross-entropy (§5.4), computed in fp32 whatever the autocast dtype (msgcore.loss).
         """
         logits = self(batch)  # (B, T, V)
-        return F.cross_entropy(logits.float().flatten(0, 1), batch.target_out.flatten(), ignore_index=self.cfg.pad_id,
-                               reduction="sum", label_smoothing=label_smoothing)
+        return label_smoothed_cross_entropy(logits.flatten(0, 1), batch.target_out.flatten(), self.cfg.pad_id,
+                                            label_smoothing)

@@ -38,7 +38,8 @@ RESULTS_VERSION = 2  # bump when training results change for a reason the code f
 # behaviour, data handling outside msgcore); tests/test_golden_numerics.py pins a tiny run's losses per version
 # The modules whose code decides every run's numbers; a model's own module and its trainer's join them per run.
 NUMERICS_MODULES = ("msgcore.attention", "msgcore.batching", "msgcore.embeddings", "msgcore.generation",
-                    "msgcore.layers", "msgcore.metrics", "msgcore.model", "msgcore.tokenizer", "msgcore.trainer")
+                    "msgcore.layers", "msgcore.loss", "msgcore.metrics", "msgcore.model", "msgcore.tokenizer",
+                    "msgcore.trainer")
 REUSED: list[str] = []  # the names of the runs this process reused, in order
 
 

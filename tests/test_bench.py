@@ -87,8 +87,11 @@ def test_a_change_on_top_of_an_ablation_is_measured_against_that_ablations_row()
     stacked_rows = [s for s in specs if "against" in s]
     for row in stacked_rows:
         assert sum(s.get("ablation") == row["against"] for s in specs) == 1  # its base row is measured too
-    kernel, done = sorted(stacked_rows, key=lambda s: s["kind"] == "decode")
+    kernel, loss, done = sorted(stacked_rows, key=lambda s: (s["kind"] == "decode", "loss" in s))
     assert kernel["sdpa_backends"] == ["math"] and kernel["dtype"] == "bf16"
+    assert loss["against"] == kernel["ablation"] and loss["loss"] == "torch"  # the loss A/B in the book's setting
+    assert {k: v for k, v in loss.items() if k not in ("loss", "against", "ablation")} == \
+        {k: v for k, v in kernel.items() if k not in ("against", "ablation")}
     assert done["done sentences"] == "kept" and done["lengths"] == "source"  # same lengths as its base row
 
 
@@ -253,3 +256,21 @@ def test_beam_ablations_repeat_with_their_baseline_and_other_ablations_run_once(
     assert {"train", "decode"} == {s["kind"] for s in repeated if "ablation" not in s}  # the targets' rows
     assert not any(bench.repeated(s) for s in plan if s["kind"] == "train" and "ablation" in s)
     assert not any(bench.repeated(s) for s in plan if s["kind"] == "decode" and s["beam"] == 1)
+
+
+def test_the_matmul_peak_and_cpu_mfu(monkeypatch):
+    monkeypatch.setattr(bench, "MATMUL_SHAPES", ((64, 32, 16), (32, 32, 32)))
+    row = bench.peak_worker({"kind": "peak", "dtype": "bf16"}, bench.BenchConfig(device="cpu"))
+    assert set(row["GFLOP/s by shape"]) == {"64x32x16", "32x32x32"}
+    assert row["sustained GFLOP/s"] == max(row["GFLOP/s by shape"].values()) > 0
+    train = dict(kind="train", library="msgcore", preset="small", dtype="fp32", **{"model TFLOP/s": 0.1})
+    report = {"peak": {"fp32": 200.0, "bf16": 400.0}, "rows": [
+        train, {**train, "dtype": "bf16", "sdpa_backends": ["math"], "ablation": bench.BOOK_SETTING,
+                "model TFLOP/s": 0.3},
+        {**train, "dtype": "bf16", "ablation": "bf16 autocast"},  # other ablations get no MFU row
+        {**train, "library": "hf"}]}
+    rows = bench.mfu_rows(report)
+    assert [(r["setting"], r["MFU"]) for r in rows] == [("fp32", "50%"), ("bf16 autocast + math kernel (the book's)",
+                                                                          "75%")]
+    specs = bench.plan(["small"], torch.device("cpu"), skip_hf=True, with_compile=False)
+    assert [s["dtype"] for s in specs if s["kind"] == "peak"] == ["fp32", "bf16"]  # in the same run as training
