@@ -175,8 +175,13 @@ def pid_lock(lock: Path, busy: Callable[[int], None], purpose: str):
                     lock.unlink()  # stale: its process is gone
             else:
                 busy(holder)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{os.getpid()}\n")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+    except OSError as error:  # a full disk: no half-written lock stays behind, and the error names the file
+        lock.unlink(missing_ok=True)
+        error.filename = error.filename or str(lock)
+        raise
     try:
         yield
     finally:
