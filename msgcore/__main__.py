@@ -411,7 +411,8 @@ def add_train_options(t: argparse.ArgumentParser) -> None:
     t.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
     t.add_argument("--out", required=True, help="output folder for best.pt, last.pt and log.json")
     t.add_argument("--device", type=device_option, default="auto", help="auto (a GPU when visible), cpu, cuda:N")
-    t.add_argument("--seed", type=seed_option, help=f"random seed (default: {DEFAULT_SEED}; on --resume, the checkpoint's)")
+    t.add_argument("--seed", type=seed_option,
+                   help=f"random seed, 0 to 2^32-1 (default: {DEFAULT_SEED}; on --resume, the checkpoint's)")
 
 
 def add_translate_options(x: argparse.ArgumentParser) -> None:

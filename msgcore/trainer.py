@@ -24,6 +24,7 @@ import pickle
 import random
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -64,7 +65,8 @@ class TrainConfig:
     patience: int = 5  # early stopping: validations without a dev BLEU improvement
     valid_beam: int = 1  # beam size for dev BLEU (1 = greedy, fast)
     valid_max_sentences: int = 0  # score dev BLEU on the first N sentences (0 = all)
-    amp: str = "auto"  # "bf16", "fp32", or "auto" (bf16 on CUDA, fp32 on CPU)
+    amp: str = "auto"  # "bf16", "fp16" (with a GradScaler), "fp32", or "auto": bf16 on a GPU with native bf16
+    # (compute capability >= 8.0), fp16 on an older one (a T4 emulates bf16 at fp32 speed), fp32 on a CPU
     sdpa_backends: tuple[str, ...] = ()  # torch SDPA backends the training loss may use, e.g. ("math",); () = torch's
     # choice. Same attention, other kernels: on 2 CPU threads under bf16, "math" made a training step 1.28-1.37x (small
     # Transformer) and 1.6x (MixRep) faster than torch's fused kernel, so chapter 0's CPU recipe (`small`) takes it
@@ -82,6 +84,12 @@ class TrainState:
     best_step: int = -1  # the step best.pt was saved at (-1 = none yet)
     bad_validations: int = 0  # validations since the best one
     history: list = field(default_factory=list)  # log rows: {"kind": "train"|"valid", ...}
+
+
+def native_bf16(device: torch.device) -> bool:
+    """True on a GPU whose tensor cores compute in bf16 (compute capability 8.0 or newer). torch's
+    is_bf16_supported() also says True on a T4 (7.5), which only emulates bf16."""
+    return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def inverse_sqrt(warmup_steps: int):
@@ -218,6 +226,9 @@ class Trainer:
         self.state = TrainState()
         self.run_info: dict = {}  # what the caller wants kept with each checkpoint (the CLI: its options, data hash)
         self.amp_dtype = self.resolve_amp(cfg.amp, device)
+        self.scaler = torch.amp.GradScaler(device.type) if self.amp_dtype == torch.float16 else None  # fp16's range
+        if self.amp_dtype is None and native_bf16(device):
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fp32 on Ampere+: TF32
         self.sdpa_backends = self.resolve_sdpa_backends(cfg.sdpa_backends)
         self.world, self.rank = distributed.world_size(), distributed.rank()
         self.ddp = None  # the DistributedDataParallel wrapper, when several processes train together
@@ -227,11 +238,12 @@ class Trainer:
 
     @staticmethod
     def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
-        if amp not in ("auto", "bf16", "fp32"):
-            raise TrainingError(f"unknown amp {amp!r}; use 'auto', 'bf16' or 'fp32'")
-        if amp == "bf16" or (amp == "auto" and device.type == "cuda"):
-            return torch.bfloat16
-        return None
+        """The autocast dtype TrainConfig.amp asks for on `device` (None = fp32)."""
+        if amp not in ("auto", "bf16", "fp16", "fp32"):
+            raise TrainingError(f"unknown amp {amp!r}; use 'auto', 'bf16', 'fp16' or 'fp32'")
+        if amp == "auto" and device.type == "cuda":
+            return torch.bfloat16 if native_bf16(device) else torch.float16
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
 
     @staticmethod
     def resolve_sdpa_backends(names) -> list[SDPBackend]:
@@ -273,12 +285,21 @@ class Trainer:
                 if not torch.isfinite(loss):
                     raise TrainingError(f"loss is {loss.item()} at step {self.state.step + 1} "
                                         f"(epoch {self.state.epoch + 1}); lower the learning rate or check the data")
-                (loss * self.world if self.world > 1 else loss).backward()  # DDP averages over processes
+                scaled = self.scaler.scale(loss) if self.scaler else loss
+                (scaled * self.world if self.world > 1 else scaled).backward()  # DDP averages over processes
             total += loss.item()
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients
         if self.cfg.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
-        self.optimizer.step()
-        self.scheduler.step()
+        if self.scaler:
+            self.scaler.step(self.optimizer)  # skipped when a gradient overflowed; the scale is then halved
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        with warnings.catch_warnings():  # after a skipped fp16 step torch warns that the schedule steps first:
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")  # it counts updates
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
         return distributed.all_reduce_sum(total, self.device), int(n_tokens)
@@ -404,7 +425,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "state": asdict(self.state),
             "train_config": asdict(self.cfg),
             "tokenizer": self.tokenizer.to_bytes() if self.tokenizer is not None else None,
-            "run_info": self.run_info,
+            "run_info": self.run_info, "scaler": self.scaler.state_dict() if self.scaler else None,
         }
         write_checkpoint(checkpoint, Path(path))
 
@@ -424,6 +445,8 @@ class Trainer:
         try:
             self.optimizer.load_state_dict(checkpoint["optimizer"])
             self.scheduler.load_state_dict(checkpoint["scheduler"])
+            if self.scaler and checkpoint.get("scaler"):
+                self.scaler.load_state_dict(checkpoint["scaler"])
             self.state = TrainState(**checkpoint["state"])
             check_state_types(self.state)
             set_rng_state(checkpoint["rng"])

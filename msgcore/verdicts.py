@@ -360,10 +360,13 @@ def declarations(claims: list[Claim]):
     """The chapter's claims table, from the declarations alone (before any run)."""
     import pandas as pd
 
-    return pd.DataFrame([{"id": c.id, "claim": c.claim, "paper": c.paper, "compares": " vs ".join(
-        [c.system, *([c.baseline] if c.baseline else [])]) if c.kind != "threshold" else f"{c.system} ≥ {c.threshold:g}",
-        "metric": f"{c.metric} on {c.test_set}", "floors": ", ".join(c.floors) or "–",
-        "seeds needed": c.min_seeds} for c in claims])
+    def compares(c: Claim) -> str:
+        if c.kind == "threshold":
+            return f"{c.system} ≥ {c.threshold:g}"
+        return " vs ".join([c.system, *([c.baseline] if c.baseline else [])])
+    return pd.DataFrame([{"id": c.id, "claim": c.claim, "paper": c.paper, "compares": compares(c),
+                          "metric": f"{c.metric} on {c.test_set}", "floors": ", ".join(c.floors) or "–",
+                          "seeds needed": c.min_seeds} for c in claims])
 
 
 def scoreboard(verdicts: list[Verdict]):

@@ -207,3 +207,38 @@ def test_an_unknown_sdpa_backend_is_refused_before_training(toy, tmp_path):
             Trainer(tiny_model(tokenizer), tokenizer, encoded, None, None, replace(CFG, sdpa_backends=bad), CPU,
                     tmp_path / "x")
         assert not (tmp_path / "x").exists() or not any((tmp_path / "x").iterdir())
+
+
+# ---- precision per device ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("capability, want", [((7, 5), torch.float16), ((8, 0), torch.bfloat16),
+                                              ((9, 0), torch.bfloat16)])
+def test_auto_precision_follows_the_gpus_compute_capability(monkeypatch, capability, want):
+    """A T4 (7.5) says is_bf16_supported() but only emulates bf16: it gets fp16 (with a GradScaler)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert Trainer.resolve_amp("auto", torch.device("cuda", 0)) == want
+    assert Trainer.resolve_amp("auto", CPU) is None  # a CPU recipe asks for bf16 itself
+    assert Trainer.resolve_amp("fp16", CPU) == torch.float16 and Trainer.resolve_amp("fp32", CPU) is None
+    with pytest.raises(TrainingError, match="fp16"):
+        Trainer.resolve_amp("half", CPU)
+
+
+def test_an_fp16_step_whose_gradient_overflows_is_skipped_and_the_scale_halved(toy, tmp_path):
+    corpus, tokenizer, encoded = toy
+    trainer = Trainer(tiny_model(tokenizer), tokenizer, encoded, None, None, replace(CFG, amp="fp16", max_steps=2),
+                      CPU, tmp_path)
+    assert trainer.scaler is not None
+    batch = [trainer.collate(encoded, list(range(8))).to(CPU)]
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    scale = trainer.scaler.get_scale()
+    parameter = next(trainer.model.parameters())
+    hook = parameter.register_hook(lambda grad: torch.full_like(grad, float("inf")))
+    trainer.train_step(batch)
+    hook.remove()
+    assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())  # the step was skipped
+    assert trainer.scaler.get_scale() == scale / 2
+    trainer.train_step(batch)  # a finite step updates the weights
+    assert not all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    trainer.save_checkpoint(tmp_path / "last.pt")
+    assert load_checkpoint(tmp_path / "last.pt")["scaler"]["scale"] == scale / 2  # a resume keeps the scale
