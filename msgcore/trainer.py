@@ -69,7 +69,8 @@ class TrainConfig:
     # (compute capability >= 8.0), fp16 on an older one (a T4 emulates bf16 at fp32 speed), fp32 on a CPU
     sdpa_backends: tuple[str, ...] = ()  # torch SDPA backends the training loss may use, e.g. ("math",); () = torch's
     # choice. Same attention, other kernels: on 2 CPU threads under bf16, "math" made a training step 1.28-1.37x (small
-    # Transformer) and 1.6x (MixRep) faster than torch's fused kernel, so chapter 0's CPU recipe (`small`) takes it
+    # Transformer) and 1.6x (MixRep) faster than torch's fused kernel, so chapter 0's CPU recipe (`small`) takes it.
+    # A CPU setting: on a GPU torch chooses (its fused kernels), so a CPU recipe run on a GPU does not inherit it
     seed: int = 0  # seeds initialisation-independent randomness: batches and dropout
     log_every: int = 50  # steps between training-loss log rows
     progress: bool = True  # tqdm progress bar
@@ -229,7 +230,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type) if self.amp_dtype == torch.float16 else None  # fp16's range
         if self.amp_dtype is None and native_bf16(device):
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fp32 on Ampere+: TF32
-        self.sdpa_backends = self.resolve_sdpa_backends(cfg.sdpa_backends)
+        self.sdpa_backends = self.resolve_sdpa_backends(cfg.sdpa_backends, device)
         self.world, self.rank = distributed.world_size(), distributed.rank()
         self.ddp = None  # the DistributedDataParallel wrapper, when several processes train together
         if self.world > 1:
@@ -246,11 +247,14 @@ class Trainer:
         return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
 
     @staticmethod
-    def resolve_sdpa_backends(names) -> list[SDPBackend]:
-        """TrainConfig.sdpa_backends as torch's SDPBackend members (empty = torch chooses)."""
+    def resolve_sdpa_backends(names, device: torch.device | None = None) -> list[SDPBackend]:
+        """TrainConfig.sdpa_backends as torch's SDPBackend members (empty = torch chooses), on a CPU (or with no
+        device given); on any other device torch chooses. Unknown names are refused everywhere."""
         known = [name.lower() for name in SDPBackend.__members__ if name != "ERROR"]
         if isinstance(names, str) or any(str(name) not in known for name in names):
             raise TrainingError(f"unknown sdpa_backends {names!r}; use a tuple of {known}")
+        if device is not None and device.type != "cpu":
+            return []
         return [SDPBackend.__members__[name.upper()] for name in names]
 
     # ---- batches: hooks for a model whose examples carry more than sources and one target ---------------

@@ -242,3 +242,12 @@ def test_an_fp16_step_whose_gradient_overflows_is_skipped_and_the_scale_halved(t
     assert not all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
     trainer.save_checkpoint(tmp_path / "last.pt")
     assert load_checkpoint(tmp_path / "last.pt")["scaler"]["scale"] == scale / 2  # a resume keeps the scale
+
+
+def test_a_cpu_recipes_sdpa_kernel_does_not_follow_it_onto_a_gpu():
+    from torch.nn.attention import SDPBackend
+
+    assert Trainer.resolve_sdpa_backends(("math",), CPU) == [SDPBackend.MATH]
+    assert Trainer.resolve_sdpa_backends(("math",), torch.device("cuda", 0)) == []  # torch's fused kernels there
+    with pytest.raises(TrainingError, match="unknown sdpa_backends"):
+        Trainer.resolve_sdpa_backends(("flashy",), torch.device("cuda", 0))  # still checked on every device

@@ -169,7 +169,7 @@ def run_key(model, train_cfg: TrainConfig, train: EncodedCorpus, valid: EncodedC
     The device itself does not: a GPU run in fp32 serves a CPU notebook in fp32."""
     recipe = replace(train_cfg, progress=False, log_every=TrainConfig.log_every)  # neither changes the result
     numerics = {"precision": str(Trainer.resolve_amp(train_cfg.amp, torch.device(device))),
-                "sdpa": list(train_cfg.sdpa_backends)}
+                "sdpa": [str(b) for b in Trainer.resolve_sdpa_backends(train_cfg.sdpa_backends, torch.device(device))]}
     parts = [type(model).__name__, model.cfg, model.state_dict(), recipe, train, valid, refs, trainer_class.__name__,
              numerics, runcache.code_fingerprint(type(model), trainer_class)]
     frozen = [name for name, parameter in model.named_parameters() if not parameter.requires_grad]
