@@ -1,11 +1,13 @@
 """The run cache: each training run (and each costly artefact, e.g. distilled data) is computed once and reused.
 
-A run is keyed by a fingerprint of everything that decides its result: the model's class, configuration and
-initial weights, the training configuration (seed included), and the token ids of its training and validation
-data. A finished run's folder under the cache holds `best.pt`, `log.json` and `meta.json`; `meta.json` is
-written last, atomically, and carries the SHA-256 of `best.pt`, so an entry without it is unfinished (its
-`last.pt` resumes the run) and an entry whose checkpoint no longer matches is corrupt (retrained, with a
-warning).
+A run is keyed by a fingerprint of everything that decides its result: the model's class, every configuration
+field and its initial weights, every training-configuration field (seed included), the token ids of its training
+and validation data, the precision and attention kernels, and the code (`code_fingerprint`: the shared core's,
+the model's and the trainer's syntax, torch's version, RESULTS_VERSION). A finished run's folder under the cache
+holds `best.pt`, `log.json` and `meta.json`; `meta.json` is written last, atomically, and carries the SHA-256 of
+`best.pt` and the run's provenance (commit, torch, date, device, wall time), so an entry without it is unfinished
+(its `last.pt` resumes the run) and an entry whose checkpoint no longer matches is corrupt (retrained, with a
+warning). A process holds the entry's lock while it trains or reads it (`entry_lock`).
 
     cache root: $MSGCORE_RUNS, else ~/.cache/msgcore/runs      ($MSGCORE_RUNS=off disables the cache)
 
