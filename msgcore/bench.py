@@ -94,8 +94,9 @@ def random_batches(lengths: list[int], max_tokens: int, seed: int = 0) -> list[l
 
 # ---- the two libraries -------------------------------------------------------------------------------------
 
-def hf_bart(cfg: TransformerConfig):
-    """transformers' BART with msgcore's dimensions, SDPA attention and msgcore's special ids."""
+def hf_bart(cfg: TransformerConfig, attention: str = "sdpa"):
+    """transformers' BART with msgcore's dimensions, SDPA attention (or `attention`: "eager" is its written-out
+    math path) and msgcore's special ids."""
     try:
         from transformers import BartConfig, BartForConditionalGeneration
     except ImportError:
@@ -109,7 +110,7 @@ def hf_bart(cfg: TransformerConfig):
                         max_position_embeddings=cfg.max_positions, pad_token_id=PAD_ID, bos_token_id=BOS_ID,
                         eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID, forced_eos_token_id=None,
                         tie_word_embeddings=cfg.tie_embeddings)
-    return BartForConditionalGeneration._from_config(config, attn_implementation="sdpa")
+    return BartForConditionalGeneration._from_config(config, attn_implementation=attention)
 
 
 def summed_loss(library: str, model, batch) -> torch.Tensor:
@@ -126,10 +127,10 @@ def summed_loss(library: str, model, batch) -> torch.Tensor:
                            reduction="sum", label_smoothing=0.1)
 
 
-def build(library: str, preset_name: str, vocab_size: int, device: torch.device):
+def build(library: str, preset_name: str, vocab_size: int, device: torch.device, hf_attention: str = "sdpa"):
     torch.manual_seed(0)
     cfg = preset(preset_name, vocab_size=vocab_size, dropout=0.1)
-    model = Transformer(cfg) if library == "msgcore" else hf_bart(cfg)
+    model = Transformer(cfg) if library == "msgcore" else hf_bart(cfg, hf_attention)
     return cfg, model.to(device)
 
 
@@ -206,7 +207,8 @@ def train_worker(spec: dict, cfg: BenchConfig) -> dict:
     lengths = example_lengths(train)
     index = training_batches(spec, cfg, lengths)
     batches = [collate(train, b).to(device) for b in index[:cfg.warmup_steps + cfg.timed_steps]]
-    model_cfg, model = build(spec["library"], spec["preset"], tokenizer.vocab_size, device)
+    model_cfg, model = build(spec["library"], spec["preset"], tokenizer.vocab_size, device,
+                             spec.get("hf_attention", "sdpa"))
     if spec.get("attention") == "math":
         torch.nn.functional.scaled_dot_product_attention = math_sdpa  # this worker only runs msgcore
     if spec.get("qkv") == "fused":
@@ -564,9 +566,22 @@ def plan(presets: list[str], device: torch.device, skip_hf: bool, with_compile: 
         specs.append(dict(**book, loss="torch", against=BOOK_SETTING,
                           ablation="loss by F.cross_entropy over fp32 logits (against the book's CPU setting: "
                                    "bf16 autocast + the math kernel)"))
+    if dtype == "fp32" and not skip_hf:  # both libraries in the chapters' CPU setting, HF in its best one
+        specs += book_setting_specs(first)
     if with_compile:
         specs.append(dict(kind="train", **ablation, compile=True, ablation="torch.compile"))
     return specs
+
+
+HF_CPU_ATTENTION = ("sdpa", "eager")  # transformers' attention implementations tried under bf16 on a CPU
+
+
+def book_setting_specs(preset_name: str) -> list[dict]:
+    """Training in the book's CPU setting: msgcore with bf16 autocast and the math kernel, HF with bf16 autocast and
+    each of its attention implementations (its best one is the one compared)."""
+    book = dict(kind="train", preset=preset_name, dtype="bf16", setting="book")
+    return [dict(**book, library="msgcore", sdpa_backends=["math"]),
+            *[dict(**book, library="hf", hf_attention=name) for name in HF_CPU_ATTENTION]]
 
 
 def run_worker(spec: dict, cfg: BenchConfig) -> dict:
@@ -609,7 +624,8 @@ def ratios(rows: list[dict]) -> list[dict]:
     over run i of HF) where the measurement was repeated."""
     out = []
     for row in rows:
-        measured = row["library"] == "msgcore" and "ablation" not in row and row["kind"] in ("train", "decode")
+        measured = (row["library"] == "msgcore" and "ablation" not in row and "setting" not in row
+                    and row["kind"] in ("train", "decode"))
         twin = _twin(rows, row, library="hf") if measured else None
         if twin and "ablation" not in twin:
             metric = _metric(row)
@@ -618,7 +634,22 @@ def ratios(rows: list[dict]) -> list[dict]:
                         "ratio msgcore/hf": row[metric] / twin[metric]})
             if len(row.get("runs", ())) > 1 and len(row["runs"]) == len(twin.get("runs", ())):
                 out[-1]["ratio of each run"] = [ours / theirs for ours, theirs in zip(row["runs"], twin["runs"])]
-    return out
+    return out + book_setting_ratio(rows)
+
+
+def book_setting_ratio(rows: list[dict]) -> list[dict]:
+    """msgcore in the book's CPU setting over HF in its fastest bf16 setting (its attention implementations)."""
+    ours = next((r for r in rows if r.get("setting") == "book" and r["library"] == "msgcore"), None)
+    theirs = [r for r in rows if r.get("setting") == "book" and r["library"] == "hf"]
+    if not ours or not theirs:
+        return []
+    best = max(theirs, key=lambda r: r["target tokens/s"])
+    out = {"kind": "train", "preset": ours["preset"], "beam": None, "batch": None, "setting": "book",
+           "hf setting": f"bf16 autocast, attention {best['hf_attention']}", "msgcore": ours["target tokens/s"],
+           "hf": best["target tokens/s"], "ratio msgcore/hf": ours["target tokens/s"] / best["target tokens/s"]}
+    if len(ours.get("runs", ())) > 1 and len(ours["runs"]) == len(best.get("runs", ())):
+        out["ratio of each run"] = [a / b for a, b in zip(ours["runs"], best["runs"])]
+    return [out]
 
 
 def environment(device: torch.device, cfg: BenchConfig) -> dict:
@@ -640,14 +671,23 @@ def _metric(row: dict) -> str:
 
 
 def _twin(rows: list[dict], row: dict, **match) -> dict | None:
-    """The row measured like `row` (same kind, preset, beam, batch) that also matches `match`."""
-    keys = ("kind", "preset", "beam", "batch")
+    """The row measured like `row` (same kind, preset, beam, batch and setting) that also matches `match`."""
+    keys = ("kind", "preset", "beam", "batch", "setting")
     return next((r for r in rows if all(r.get(k) == row.get(k) for k in keys)
                  and all(r.get(k) == v for k, v in match.items())), None)
 
 
+def setting_name(row: dict) -> str:
+    """How a training row ran: its dtype, or the book's CPU setting (with HF's attention implementation)."""
+    if row.get("setting") != "book":
+        return row["dtype"]
+    if row["library"] == "msgcore":
+        return "bf16 + math kernel (the book's)"
+    return f"bf16, {row['hf_attention']} attention"
+
+
 def train_rows(rows: list[dict]) -> list[dict]:
-    return [{"library": r["library"], "preset": r["preset"], "dtype": r["dtype"],
+    return [{"library": r["library"], "preset": r["preset"], "setting": setting_name(r),
              "target tokens/s": round(r["target tokens/s"]), "peak memory (MB)": round(r["peak memory (MB)"]),
              "parameters (M)": round(r["parameters (M)"], 1), "model TFLOP/s": round(r["model TFLOP/s"], 3),
              "first step (s)": round(r.get("first step (s)", float("nan")), 1)} for r in rows if r["kind"] == "train"]
@@ -660,7 +700,8 @@ def decode_rows(rows: list[dict]) -> list[dict]:
 
 
 def ratio_rows(ratios_: list[dict]) -> list[dict]:
-    return [{"measurement": r["kind"] + ("" if r["kind"] == "train" else f", beam {r['beam']}, batch {r['batch']}"),
+    return [{"measurement": r["kind"] + ("" if r["kind"] == "train" else f", beam {r['beam']}, batch {r['batch']}")
+             + (f" in the book's setting (HF: {r['hf setting']})" if r.get("setting") == "book" else ""),
              "preset": r["preset"], "msgcore": round(r["msgcore"]), "Hugging Face": round(r["hf"]),
              "msgcore / HF": round(r["ratio msgcore/hf"], 2), "ratio of each run": run_range(r)} for r in ratios_]
 
@@ -694,6 +735,7 @@ def target_rows(report: dict) -> list[dict]:
         if r["kind"] == "train" or r["beam"] == 5:
             goal = TARGETS[r["kind"]]
             what = "training" if r["kind"] == "train" else f"beam-5 decoding, batch {r['batch']}"
+            what += " in the book's CPU setting" if r.get("setting") == "book" else ""
             each = r.get("ratio of each run", [r["ratio msgcore/hf"]])
             out.append({"target": f"{what} ({r['preset']}): msgcore >= {goal}x HF",
                         "measured": f"{r['ratio msgcore/hf']:.2f}x", "each run": run_range(r),
@@ -725,14 +767,17 @@ def peak_rows(rows: list[dict]) -> list[dict]:
 
 def mfu_rows(report: dict) -> list[dict]:
     """CPU MFU: msgcore's training FLOP/s as a share of the matmul peak in the same dtype, for the plain rows and for
-    the book's CPU setting (bf16 autocast + the math kernel)."""
-    peak, out = report.get("peak", {}), []
-    for r in report["rows"]:
+    the book's CPU setting (bf16 autocast + the math kernel: its repeated row, else its ablation row)."""
+    peak, rows = report.get("peak", {}), report["rows"]
+    book_row = any(r.get("setting") == "book" and r["library"] == "msgcore" for r in rows)
+    out = []
+    for r in rows:
         if r["kind"] != "train" or r["library"] != "msgcore" or r["dtype"] not in peak:
             continue
-        if "ablation" in r and r["ablation"] != BOOK_SETTING:
+        if "ablation" in r and (r["ablation"] != BOOK_SETTING or book_row):
             continue
-        out.append({"preset": r["preset"], "setting": "bf16 autocast + math kernel (the book's)" if "ablation" in r
+        book = "ablation" in r or r.get("setting") == "book"
+        out.append({"preset": r["preset"], "setting": "bf16 autocast + math kernel (the book's)" if book
                     else r["dtype"], "model TFLOP/s": round(r["model TFLOP/s"], 3),
                     "matmul peak (TFLOP/s)": round(peak[r["dtype"]] / 1e3, 3),
                     "MFU": f"{r['model TFLOP/s'] * 1e3 / peak[r['dtype']]:.0%}"})

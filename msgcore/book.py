@@ -232,11 +232,31 @@ def execute_chapter(src: Path, dst: Path, scale: str, device: str = "auto", seed
     return ChapterResult(src.stem, scale, "ok", minutes, reused=reused)
 
 
+RESULTS_FOLDER = "results"  # beside the notebooks: each chapter writes results/<notebook stem>.json (msgcore.verdicts)
+
+
 def publish(executed: Path, committed: Path) -> None:
-    """Atomically replace the committed notebook with the executed one."""
-    data = executed.read_bytes()
-    with atomic_write(committed, "wb") as f:
-        f.write(data)
+    """Atomically replace the committed notebook with the executed one, and its scoreboard file with the one the
+    execution wrote (results/<notebook stem>.json), if it wrote one."""
+    for source, target in ((executed, committed), *scoreboard_files(executed, committed)):
+        data = source.read_bytes()
+        with atomic_write(target, "wb") as f:
+            f.write(data)
+
+
+def scoreboard_files(executed: Path, committed: Path) -> list[tuple[Path, Path]]:
+    """[(run dir's results file, committed results file)] when the executed chapter wrote one, else []."""
+    name = f"{executed.stem}.json"
+    written = executed.parent / RESULTS_FOLDER / name
+    return [(written, committed.parent / RESULTS_FOLDER / name)] if written.is_file() else []
+
+
+def absolute_data_mirror() -> None:
+    """Chapters run with their own folder as working directory: a relative $MSGCORE_DATA_MIRROR is made absolute
+    here, against the directory the runner was started in."""
+    mirror = os.environ.get("MSGCORE_DATA_MIRROR", "")
+    if mirror and not os.path.isabs(mirror):
+        os.environ["MSGCORE_DATA_MIRROR"] = os.path.abspath(mirror)
 
 
 def run_chapters(root: Path, run_dir: Path, chapters: dict[str, Path], scale: str, *, in_place: bool,
@@ -314,6 +334,7 @@ def run_book(root: Path = REPO_ROOT, chapters: Sequence[str] | None = None, scal
     scale = scale or default_scale()
     check_options(scale, in_place)
     selected = select_chapters(find_chapters(root), chapters)
+    absolute_data_mirror()
     run_dir = make_run_dir(root, scale, out)
     print(f"run directory: {run_dir}", flush=True)
     report = RunReport(run_dir, run_chapters(root, run_dir, selected, scale, in_place=in_place,

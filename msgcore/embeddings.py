@@ -73,10 +73,31 @@ class Embeddings(nn.Module):
 
     def forward(self, tokens: Tensor, positions: Tensor | None = None, segment_ids: Tensor | None = None,
                 start_pos: int = 0) -> Tensor:
+        return self.dropout(self.summed(tokens, positions, segment_ids, start_pos))
+
+    def summed(self, tokens: Tensor, positions: Tensor | None, segment_ids: Tensor | None,
+               start_pos: int) -> Tensor:
+        """sqrt(d) E_tok[x] + PE[i] (+ E_seg[k]), before dropout: (B, T) -> (B, T, D)."""
         if positions is None:
             positions = torch.arange(start_pos, start_pos + tokens.size(1), device=tokens.device)
             positions = positions.unsqueeze(0).expand_as(tokens)  # (B, T)
         x = self.scale * self.tokens(tokens) + self.positions(positions)  # (B, T, D)
         if segment_ids is not None:
-            x = x + self.segments(segment_ids)  # TRICE Eq. (8)
-        return self.dropout(x)
+            x = x + self.segments(segment_ids)  # TRICE Eq. (8): + E_seg[k]
+        return x
+
+
+class NormedEmbeddings(Embeddings):
+    """x = LayerNorm(sqrt(d) E_tok[x] + E_pos[i] (+ E_seg[k])), then dropout: mBART's `layernorm_embedding` (Liu et al.,
+    2020), which the TRICE authors' code applies after adding the segment embedding (Eq. 8). The shared denoiser and
+    every model fine-tuned from it embed this way."""
+
+    def __init__(self, token_embedding: nn.Embedding, positions: nn.Module, dropout: float, segment_stride: int = 1000):
+        super().__init__(token_embedding, positions, dropout, segment_stride)
+        self.norm = nn.LayerNorm(token_embedding.embedding_dim)
+
+    def forward(self, tokens: Tensor, positions: Tensor | None = None, segment_ids: Tensor | None = None,
+                start_pos: int = 0) -> Tensor:
+        x = self.summed(tokens, positions, segment_ids, start_pos)  # (B, T, D), Eq. (8)
+        return self.dropout(self.norm(x))  # the LayerNorm after the segment embedding (the authors' code)
+

@@ -66,3 +66,15 @@ def paired_test(references: list[str], systems: dict[str, list[str]], metrics=("
     named = list(systems.items())
     return PairedTest(named, {m.upper(): make_metric(m) for m in metrics}, references=[references],
                       test_type="bs", n_samples=n_samples)()
+
+
+def document_bleu(hypotheses: list[str], references: list[str], doc_ids: list[int]) -> float:
+    """d-BLEU: BLEU over whole documents, each the concatenation of its sentences (Liu et al., 2020)."""
+    check_lengths(hypotheses, references)
+    docs_h: dict[int, list[str]] = {}
+    docs_r: dict[int, list[str]] = {}
+    for h, r, d in zip(hypotheses, references, doc_ids):
+        docs_h.setdefault(d, []).append(h)
+        docs_r.setdefault(d, []).append(r)
+    order = sorted(docs_h)
+    return corpus_score("bleu", [" ".join(docs_h[d]) for d in order], [" ".join(docs_r[d]) for d in order]).score

@@ -13,7 +13,7 @@ training sides of the book's data.
 # learns to copy from 25 languages of Common Crawl; a 2M-parameter model with minutes of training
 # does not, and a model that cannot copy cannot post-edit (APE output is mostly the MT, copied).
 
-The layout is the one every finetuning run of chapter 1 keeps (`msgcore.experiments.trice.encode_task`):
+The layout is the one every finetuning run of chapter 1 keeps (`msgcore.foundations.denoiser.encode_task`):
 source "pieces </s> <lang>", decoder "<s> <lang> pieces", labels "<lang> pieces </s>".
 """
 from __future__ import annotations

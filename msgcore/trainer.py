@@ -42,6 +42,17 @@ from msgcore.generation import GenerationConfig
 from msgcore.metrics import corpus_score
 from msgcore.utils import CheckpointError, MsgcoreError, TrainingError, atomic_write, remove_temporaries
 
+def numerics(device: torch.device, amp_dtype: torch.dtype | None, sdpa_backends: list[SDPBackend]):
+    """The context a forward (and its backward) runs in: autocast to `amp_dtype` (None = fp32) and torch's SDPA
+    kernels restricted to `sdpa_backends` (empty = torch chooses); see `Trainer.resolve_amp` and
+    `Trainer.resolve_sdpa_backends`, which turn a recipe's names into these."""
+    stack = contextlib.ExitStack()
+    if sdpa_backends:
+        stack.enter_context(sdpa_kernel(sdpa_backends))
+    stack.enter_context(torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None))
+    return stack
+
+
 CHECKPOINT_KEYS = ("model", "weights_sha256", "model_class", "model_config", "optimizer", "scheduler", "rng",
                    "state", "train_config")
 RUN_FILES = ("best.pt", "last.pt", "log.json")  # what a run folder holds (and atomic_write may leave .tmp files of)
@@ -269,9 +280,7 @@ class Trainer:
     # ---- one optimizer step -------------------------------------------------------------
     def loss_sum(self, batch) -> torch.Tensor:
         """The model's summed loss over the real target tokens of one batch (see `Transformer.loss`)."""
-        kernels = sdpa_kernel(self.sdpa_backends) if self.sdpa_backends else contextlib.nullcontext()
-        with kernels, torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
-                                     enabled=self.amp_dtype is not None):
+        with numerics(self.device, self.amp_dtype, self.sdpa_backends):
             if self.ddp is not None and self.model.training:
                 return self.ddp(batch, self.cfg.label_smoothing)
             return self.model.loss(batch, self.cfg.label_smoothing)

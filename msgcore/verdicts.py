@@ -5,15 +5,19 @@ runs (`System`, `RunRecord`), and calls `judge`. The rules, the same in every ch
 
 1. **Not run** when the claim's system (or its baseline) has no scores: the claim says what deciding it would
    cost (`Claim.cost`, from measured throughput).
-2. **Converged, or no verdict.** A run is converged when early stopping ended it, or when its best dev score gained
+2. **Gates.** A claim names the sanity checks it rests on (`Gate`: "the teacher reaches 33 BLEU"); a failed one
+   gives "not decided: gate failed".
+3. **Converged, or no verdict.** A run is converged when early stopping ended it, or when its best dev score gained
    less than `CONVERGENCE_DELTA` over its last quarter of updates. Otherwise: "not decided: under-trained".
-3. **Equal budgets.** Compared systems trained the same number of updates, or both converged.
-4. **Floors.** A system at or below one of its floors (copying the input, the best constant output, do-nothing,
+4. **Equal budgets.** Compared systems trained the same number of updates, or both converged.
+5. **Floors.** A system at or below one of its floors (copying the input, the best constant output, do-nothing,
    the untrained start) is "not decided: below floor".
-5. **Coherence.** A multi-source system below its own single-source baseline is "not decided" until the chapter
+6. **Coherence.** A multi-source system below its own single-source baseline is "not decided" until the chapter
    explains it (`Claim.coherence_note`).
-6. **Seeds decide.** Fewer than `MIN_SEEDS` seeds per system gives "indicative" at most: printed, never counted.
-7. **Intervals decide.** The 95% interval of the mean per-seed delta (Student's t over seeds) decides:
+7. **Seeds decide.** Fewer than `MIN_SEEDS` seeds per system gives "indicative" at most: printed, never counted.
+   A comparison pairs seed k of the system with seed k of its baseline, on the seeds both have; a floor as the
+   baseline (do-nothing, copying the input: never trained) has one score, which every seed is compared with.
+8. **Intervals decide.** The 95% interval of the mean per-seed delta (Student's t over seeds) decides:
    - a comparison ("better"): not reproduced when the interval lies entirely inside ±m, the smallest effect of
      interest (by default half the paper's own delta: an effect certainly smaller than that is not the paper's,
      even when it is certainly positive); else reproduced when it lies on the claimed side of 0, not reproduced
@@ -74,6 +78,7 @@ class Claim:
     coherence_note: str = ""  # the chapter's explanation when the system is below one of them (lifts the block)
     min_seeds: int = MIN_SEEDS
     cost: str = ""  # what deciding it would take when not run here, e.g. "about 14 CPU-hours (6 runs of 2.3 h)"
+    gates: tuple[str, ...] = ()  # names of the `Gate`s the claim rests on (a failed one blocks the verdict)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -96,6 +101,25 @@ class Claim:
 
     def systems(self) -> list[str]:
         return [self.system, *([self.baseline] if self.baseline else []), *self.floors, *self.single_source]
+
+
+@dataclass
+class Gate:
+    """A sanity check claims rest on: `value` must reach `target` (e.g. "the AT teacher reaches 33 BLEU")."""
+
+    name: str  # what is checked, e.g. "De→En test2016 BLEU (beam 5)"
+    value: float  # what we measured
+    target: float  # the bar it must reach
+    higher_is_better: bool = True  # False for e.g. a repeat ratio that must stay below the target
+
+    @property
+    def passed(self) -> bool:
+        return self.value >= self.target if self.higher_is_better else self.value <= self.target
+
+    def row(self) -> dict:
+        bar = f"≥ {self.target:g}" if self.higher_is_better else f"≤ {self.target:g}"
+        return {"gate": self.name, "ours": round(self.value, 2), "target": bar,
+                "passed": "yes" if self.passed else "NO"}
 
 
 # ---- evidence -------------------------------------------------------------------------------------------------
@@ -163,6 +187,20 @@ class System:
         return None if values is None else [float(v) for v in values]
 
 
+def floor_system(name: str, test_set: str, metric: str, value: float) -> System:
+    """A floor (copying the input, a constant output, do-nothing, the untrained start): one score, no training."""
+    return System(name, {test_set: {metric: [float(value)]}})
+
+
+def trained_system(name: str, scores: dict[str, dict[str, list[float]]], histories: list[list[dict]],
+                   patience: int, updates: int | None = None, metric: str = "valid_bleu",
+                   higher_is_better: bool = True) -> System:
+    """A trained system: per-seed scores and one Trainer history per seed (its runs' dev curves); `updates`
+    defaults to the most updates any seed's run made."""
+    runs = [run_record(history, patience, metric, higher_is_better) for history in histories]
+    return System(name, scores, runs, updates if updates is not None else max((r.last_step for r in runs), default=0))
+
+
 # ---- intervals ------------------------------------------------------------------------------------------------
 
 def t_quantile(df: int) -> float:
@@ -212,8 +250,8 @@ class Verdict:
     floors_cleared: bool = False  # the system beats each of its floors
 
 
-def judge(claim: Claim, systems: dict[str, System]) -> Verdict:
-    """Apply the rules (module docstring) to one declared claim and the systems' evidence."""
+def judge(claim: Claim, systems: dict[str, System], gates=()) -> Verdict:
+    """Apply the rules (module docstring) to one declared claim, the systems' evidence and the chapter's gates."""
     found = {name: systems[name] for name in claim.systems() if name in systems}
     main_names = [claim.system, *([claim.baseline] if claim.baseline else [])]
     values = {name: found[name].values(claim.test_set, claim.metric) for name in found}
@@ -226,16 +264,28 @@ def judge(claim: Claim, systems: dict[str, System]) -> Verdict:
     verdict.ours = evidence_text(claim, values)
     unconverged = unconverged_runs([found[name] for name in main_names], seeds)
     verdict.converged = not unconverged
-    budgets = {found[name].updates for name in main_names}
-    verdict.equal_budget = len(budgets) == 1 or verdict.converged
+    budgets = {found[name].updates for name in main_names if found[name].updates is not None}  # floors train not
+    verdict.equal_budget = len(budgets) <= 1 or verdict.converged
     below = below_floors(claim, values)
     verdict.floors_cleared = not below
-    blocked = blocking_reason(claim, values, unconverged, verdict.equal_budget, below, found)
+    blocked = failed_gates(claim, gates) or blocking_reason(claim, values, unconverged, verdict.equal_budget, below,
+                                                           found)
     if blocked:
         verdict.verdict, verdict.reason = NOT_DECIDED, blocked
         return verdict
-    verdict.verdict, verdict.reason = interval_verdict(claim, values)
+    floor_baseline = bool(claim.baseline) and found[claim.baseline].updates is None and not found[claim.baseline].runs
+    verdict.verdict, verdict.reason = interval_verdict(claim, values, floor_baseline)
     return verdict
+
+
+def failed_gates(claim: Claim, gates) -> str:
+    """"gate failed: ..." when a gate the claim names did not pass, else ''; an unknown gate name is an error."""
+    by_name = {gate.name: gate for gate in gates}
+    unknown = [name for name in claim.gates if name not in by_name]
+    if unknown:
+        raise ProtocolError(f"claim {claim.id}: no gate named {unknown[0]!r} was measured")
+    failed = [name for name in claim.gates if not by_name[name].passed]
+    return f"gate failed: {'; '.join(failed)}" if failed else ""
 
 
 def unconverged_runs(systems: list[System], seeds: dict[str, int]) -> list[tuple[str, int, str]]:
@@ -251,7 +301,7 @@ def unconverged_runs(systems: list[System], seeds: dict[str, int]) -> list[tuple
 
 def blocking_reason(claim: Claim, values: dict, unconverged: list, equal_budget: bool, below: list[str],
                     found: dict[str, System]) -> str:
-    """Rules 2–5: the first reason the evidence cannot decide the claim, or ''."""
+    """Rules 3–6: the first reason the evidence cannot decide the claim, or ''."""
     if not equal_budget:
         budgets = ", ".join(f"{n} {found[n].updates}" for n in (claim.system, claim.baseline))
         return f"unequal budgets ({budgets} updates) and not both converged"
@@ -290,18 +340,19 @@ def worse_than(claim: Claim, values: dict, others, strict: bool) -> list[str]:
     return out
 
 
-def interval_verdict(claim: Claim, values: dict) -> tuple[str, str]:
-    """Rules 6 and 7 on the per-seed values: (verdict, reason)."""
+def interval_verdict(claim: Claim, values: dict, floor_baseline: bool = False) -> tuple[str, str]:
+    """Rules 7 and 8 on the per-seed values: (verdict, reason). A `floor_baseline` (copying the input, do-nothing:
+    never trained) has one score, which every seed of the system is compared with."""
     ours = values[claim.system]
     if claim.kind == "threshold":
         samples, target = ours, claim.threshold
     else:
         base = values[claim.baseline]
-        if len(base) != len(ours):
-            raise ProtocolError(f"claim {claim.id}: {claim.system} has {len(ours)} seeds but {claim.baseline} "
-                                f"{len(base)}; deltas pair seed k with seed k")
-        samples, target = [a - b for a, b in zip(ours, base)], 0.0
-    n = min(len(values[name]) for name in ([claim.system, claim.baseline] if claim.baseline else [claim.system]))
+        if len(base) == 1 and floor_baseline:  # one score, no seeds
+            base = base * len(ours)
+        samples, target = [a - b for a, b in zip(ours, base)], 0.0  # seed k with seed k, on the seeds both have
+    compared = [claim.system, *([claim.baseline] if claim.baseline and not floor_baseline else [])]
+    n = min(len(values[name]) for name in compared)
     mean, low, high = mean_interval(samples)
     sign = 1 if claim.higher_is_better else -1
     if sign < 0:
@@ -310,7 +361,8 @@ def interval_verdict(claim: Claim, values: dict) -> tuple[str, str]:
     interval = f"{'delta' if claim.kind != 'threshold' else 'mean'} {sign * mean:+.2f}, 95% CI " \
                f"[{min(sign * low, sign * high):+.2f}, {max(sign * low, sign * high):+.2f}] over {n} seeds"
     if n < claim.min_seeds:
-        lean = "leans towards the claim" if mean > target else "leans against the claim"
+        bar = -claim.smallest_effect if claim.kind == "parity" else target  # parity: the margin, not 0
+        lean = "leans towards the claim" if mean > bar else "leans against the claim"
         return INDICATIVE, f"{n} seed{'s' if n > 1 else ''} (a verdict needs {claim.min_seeds}): {lean}"
     m = claim.smallest_effect
     if claim.kind == "better":
@@ -340,18 +392,18 @@ def evidence_text(claim: Claim, values: dict) -> str:
         v = values[name]
         return f"{name} {statistics.fmean(v):.2f}" + (f" ± {statistics.stdev(v):.2f}" if len(v) > 1 else "")
     names = [claim.system, *([claim.baseline] if claim.baseline else [])]
-    seeds = min(len(values[name]) for name in names)
+    seeds = len(values[claim.system])
     return " vs ".join(figure(name) for name in names) + f" {claim.metric} ({seeds} seed{'s' if seeds > 1 else ''})"
 
 
-def judge_all(claims: list[Claim], systems: dict[str, System]) -> list[Verdict]:
+def judge_all(claims: list[Claim], systems: dict[str, System], gates=()) -> list[Verdict]:
     """Every declared claim, judged; refuses a claim list with repeated ids."""
     if not claims:
         raise ProtocolError("no claims to judge: a chapter declares its claims before its runs")
     ids = [c.id for c in claims]
     if len(set(ids)) != len(ids):
         raise ProtocolError(f"claim ids repeat: {sorted({i for i in ids if ids.count(i) > 1})}")
-    return [judge(claim, systems) for claim in claims]
+    return [judge(claim, systems, gates) for claim in claims]
 
 
 # ---- rendering ------------------------------------------------------------------------------------------------
@@ -362,7 +414,7 @@ def declarations(claims: list[Claim]):
 
     def compares(c: Claim) -> str:
         if c.kind == "threshold":
-            return f"{c.system} ≥ {c.threshold:g}"
+            return f"{c.system} {'≥' if c.higher_is_better else '≤'} {c.threshold:g}"
         return " vs ".join([c.system, *([c.baseline] if c.baseline else [])])
     return pd.DataFrame([{"id": c.id, "claim": c.claim, "paper": c.paper, "compares": compares(c),
                           "metric": f"{c.metric} on {c.test_set}", "floors": ", ".join(c.floors) or "–",
@@ -391,6 +443,22 @@ def reason_counts(verdicts: list[Verdict]):
     order = {name: i for i, name in enumerate(VERDICTS)}
     return pd.DataFrame([{"verdict": verdict, "reason": reason, "claims": count}
                          for (verdict, reason), count in sorted(rows.items(), key=lambda r: (order[r[0][0]], r[0][1]))])
+
+
+def gate_table(gates):
+    import pandas as pd
+
+    return pd.DataFrame([g.row() for g in gates])
+
+
+def show_table(frame, index: bool = False):
+    """Display a table in full: no truncated cells, no meaningless index (a styled HTML table)."""
+    from IPython.display import display
+
+    styler = frame.style.set_properties(**{"text-align": "left", "white-space": "pre-wrap"})
+    if not index:
+        styler = styler.hide(axis="index")
+    display(styler.format(precision=2))
 
 
 def results(chapter: str, scale: str, commit: str, verdicts: list[Verdict], systems: dict[str, System]) -> dict:

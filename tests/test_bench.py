@@ -274,3 +274,29 @@ def test_the_matmul_peak_and_cpu_mfu(monkeypatch):
                                                                           "75%")]
     specs = bench.plan(["small"], torch.device("cpu"), skip_hf=True, with_compile=False)
     assert [s["dtype"] for s in specs if s["kind"] == "peak"] == ["fp32", "bf16"]  # in the same run as training
+
+
+def test_the_book_setting_compares_msgcore_with_hfs_fastest_bf16_setting():
+    specs = bench.plan(["small"], torch.device("cpu"), skip_hf=False, with_compile=False)
+    book = [s for s in specs if s.get("setting") == "book"]
+    assert {(s["library"], s.get("hf_attention"), tuple(s.get("sdpa_backends", ()))) for s in book} == \
+        {("msgcore", None, ("math",)), ("hf", "sdpa", ()), ("hf", "eager", ())}
+    assert all(s["dtype"] == "bf16" and bench.repeated(s) for s in book)  # 3 alternating runs each
+    assert not any(s.get("setting") for s in bench.plan(["small"], torch.device("cpu"), True, False))
+    row = dict(kind="train", preset="small", dtype="bf16", setting="book", **{"model TFLOP/s": 0.2})
+    fp32 = dict(kind="train", preset="small", dtype="fp32", **{"model TFLOP/s": 0.1})
+    rows = [{**fp32, "library": "msgcore", "target tokens/s": 300.0, "runs": [300.0, 310.0]},
+            {**fp32, "library": "hf", "target tokens/s": 250.0, "runs": [250.0, 250.0]},
+            {**row, "library": "msgcore", "sdpa_backends": ["math"], "target tokens/s": 600.0, "runs": [600.0, 660.0]},
+            {**row, "library": "hf", "hf_attention": "sdpa", "target tokens/s": 400.0, "runs": [400.0, 400.0]},
+            {**row, "library": "hf", "hf_attention": "eager", "target tokens/s": 500.0, "runs": [500.0, 600.0]}]
+    ratios = bench.ratios(rows)
+    plain, book_ratio = ratios  # the fp32 rows pair with each other, never with a bf16 row
+    assert plain["ratio msgcore/hf"] == pytest.approx(1.2)
+    assert book_ratio["ratio msgcore/hf"] == pytest.approx(1.2) and "eager" in book_ratio["hf setting"]
+    assert book_ratio["ratio of each run"] == pytest.approx([1.2, 1.1])
+    targets = bench.target_rows({"ratios": ratios})
+    assert [t["target"] for t in targets] == ["training (small): msgcore >= 1.3x HF",
+                                              "training in the book's CPU setting (small): msgcore >= 1.3x HF"]
+    report = {"peak": {"fp32": 200.0, "bf16": 400.0}, "rows": rows}
+    assert [r["MFU"] for r in bench.mfu_rows(report)] == ["50%", "50%"]

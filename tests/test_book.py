@@ -62,7 +62,7 @@ def test_find_chapters_follows_the_toc(tiny_book: Path) -> None:
 
 def test_repo_toc_lists_the_chapters_in_order() -> None:
     toc = ["ch00_transformer_baseline", "ch01_trice", "ch02_mixrep", "ch03_marge", "ch04_postech_ape",
-           "ch05_coverage_nat", "appendix_performance"]
+           "ch05_coverage_nat", "scoreboard", "appendix_performance"]
     present = [name for name in toc if (REPO_ROOT / "book" / f"{name}.ipynb").is_file()]  # a chapter being written has none yet
     assert {"ch00_transformer_baseline", "ch01_trice", "ch05_coverage_nat", "appendix_performance"} <= set(present)
     assert list(book.find_chapters(REPO_ROOT)) == present
@@ -120,6 +120,25 @@ def test_in_place_replaces_the_committed_notebook(tiny_book: Path) -> None:
     tags = [c.metadata.get("tags", []) for c in nbformat.read(committed, as_version=4).cells]
     assert not any("injected-parameters" in t for t in tags)  # the reader's parameters cell wins
     assert nbformat.read(committed, as_version=4).metadata.papermill.parameters["seed"] == 41
+
+
+def test_in_place_publishes_the_chapters_scoreboard_file(tiny_book: Path) -> None:
+    write_notebook(tiny_book / "book" / "ch_b.ipynb", "import json, os\nos.makedirs('results', exist_ok=True)\n"
+                   "json.dump({'chapter': 'b', 'seed': seed}, open('results/ch_b.json', 'w'))")
+    report = book.run_book(tiny_book, ["ch_b"], "small", out=tiny_book / "runs" / "t", in_place=True, seed=3)
+    assert report.ok
+    committed = tiny_book / "book" / "results" / "ch_b.json"
+    assert committed.read_bytes() == (report.run_dir / "book" / "results" / "ch_b.json").read_bytes()
+    assert '"seed": 3' in committed.read_text()
+    assert not (tiny_book / "book" / "results" / "ch_a.json").exists()
+
+
+def test_a_relative_data_mirror_is_made_absolute_for_the_chapters(tiny_book: Path, monkeypatch) -> None:
+    write_notebook(tiny_book / "book" / "ch_a.ipynb", "import os\nprint(os.environ['MSGCORE_DATA_MIRROR'])")
+    monkeypatch.chdir(tiny_book)
+    monkeypatch.setenv("MSGCORE_DATA_MIRROR", "mirror")
+    report = book.run_book(tiny_book, ["ch_a"], "smoke", out=tiny_book / "runs" / "t")
+    assert report.ok and str(tiny_book / "mirror") in outputs_text(report.run_dir / "book" / "ch_a.ipynb")
 
 
 def test_failing_cell_stops_the_run_and_keeps_the_committed_notebook(

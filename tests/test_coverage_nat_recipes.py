@@ -1,11 +1,14 @@
 """Coverage-NAT recipes (msgcore/experiments/coverage_nat.py) on the toy corpus and hand-made outputs."""
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 import torch
 
-from msgcore import runcache
+from msgcore import verdicts
 from msgcore.batching import collate, encode_corpus
 from msgcore.data import synthetic_corpus
-from msgcore.experiments import Scale, TranslationData
+from msgcore.experiments import RunResult, Scale, TranslationData
 from msgcore.experiments import coverage_nat as nat
 from msgcore.experiments.coverage_nat import (NATScale, bleu_by_length, bleu_with_and_without_dedup, distill,
                                               latency, repeats_by_half, train_nat, translate_lpd, translate_nat)
@@ -217,10 +220,94 @@ def test_scales_take_chapter0s_teacher_and_fit_their_budgets():
     assert small.phase1.label_smoothing == 0.1
 
 
-def test_repeat_gap_noise_is_zero_for_identical_outputs_and_grows_with_disagreement():
-    from msgcore.experiments.coverage_nat import repeat_gap_noise
+# ---- the claims and the protocol's evidence ---------------------------------------------------------------
 
-    same = [[1, 1, 2], [3, 4, 4, 4], [5, 6]] * 10
-    assert repeat_gap_noise(same, same) == 0.0
-    other = [[1, 2, 3], [3, 4, 5, 6], [5, 5]] * 10
-    assert repeat_gap_noise(same, other) > 0.0
+def curve_run(valid: list[tuple[int, float]], curve_steps: list[int]) -> nat.NATRun:
+    """A phase-1 curve run as the cache stores it: the history of its best checkpoint, the curve of every chunk."""
+    history = [{"kind": "valid", "step": step, "valid_bleu": bleu} for step, bleu in valid]
+    return nat.NATRun(RunResult(None, history, 1.0, Path(".")), [{"step": step} for step in curve_steps])
+
+
+def test_a_curve_run_ends_where_its_curve_ends_and_early_stops_before_the_cap():
+    cfg = TrainConfig(max_steps=1000, patience=3)
+    rising = nat.nat_record(curve_run([(200, 5.0), (400, 9.0), (600, 12.0), (800, 14.0), (1000, 15.0)],
+                                      [200, 400, 600, 800, 1000]), cfg)
+    assert rising.last_step == 1000 and not rising.early_stopped and not rising.converged()[0]
+    stopped = nat.nat_record(curve_run([(200, 5.0), (400, 9.0)], [200, 400, 600, 800]), cfg)
+    assert stopped.last_step == 800 and stopped.early_stopped and stopped.converged()[0]
+    # the validations after the best one are not in the history: they cannot raise the last quarter's gain
+    flat = nat.nat_record(curve_run([(200, 5.0), (400, 14.0)], [200, 400, 600, 800, 1000]), cfg)
+    assert flat.last_step == 1000 and flat.converged()[0]
+
+
+def test_a_two_phase_model_counts_both_phases_and_is_judged_on_all_its_updates():
+    phase1 = verdicts.RunRecord(((200, 10.0), (400, 14.0), (600, 15.0), (800, 15.1), (1000, 15.2)), 1000, False)
+    phase2 = verdicts.RunRecord(((100, 15.3),), 100, False)
+    chained = nat.chained_record(phase1, phase2)
+    assert chained.last_step == 1100 and chained.dev_curve[-1] == (1100, 15.3) and chained.converged()[0]
+    jump = nat.chained_record(phase1, verdicts.RunRecord(((100, 16.0),), 100, False))
+    assert not jump.converged()[0]  # phase 2 still gains: the model is under-trained, whatever phase 1 did
+    # NAT-Base stops after phase 1: against Coverage-NAT the budgets differ, decided only when both converged
+    claim = nat.claims_for(nat.NAT_SCALES["small"], nat.DIRECTIONS)[0]
+    assert claim.id == "T2-de-en"
+    scores = lambda v: {nat.TEST: {nat.BLEU_DEDUP: v}}
+    rising = verdicts.RunRecord(((200, 5.0), (400, 9.0), (600, 12.0), (800, 14.0), (1000, 15.0)), 1000, False)
+    systems = {claim.baseline: nat.trained(claim.baseline, scores([20.0, 20.1, 20.2]), [rising] * 3),
+               claim.system: nat.trained(claim.system, scores([21.0, 21.1, 21.2]), [chained] * 3),
+               **{f: verdicts.floor_system(f, nat.TEST, nat.BLEU_DEDUP, 1.0) for f in claim.floors}}
+    gates = [verdicts.Gate(name, 1.0, 0.0) for name in claim.gates]
+    verdict = verdicts.judge(claim, systems, gates)
+    assert verdict.verdict == verdicts.NOT_DECIDED and verdict.reason.startswith("unequal budgets")
+    assert "NAT-Base (De→En) 1000" in verdict.reason and "Coverage-NAT (De→En) 1100" in verdict.reason
+
+
+def test_declared_claims_are_the_same_at_every_throughput_but_for_the_cost_of_what_is_not_run():
+    for name in nat.NAT_SCALES:
+        plain, costed = nat.declared_claims(name), nat.declared_claims(name, seconds_per_update=0.5)
+        assert [replace(c, cost="") for c in plain] == [replace(c, cost="") for c in costed]
+        assert len({c.id for c in plain}) == len(plain) == 12
+    small = {c.id: c for c in nat.declared_claims("small", seconds_per_update=0.5)}
+    assert "CPU-hours" in small["T2-en-de"].cost and not small["T2-de-en"].cost
+    smoke = {c.id: c for c in nat.declared_claims("smoke")}
+    assert smoke["T3-K"].cost and not {c.id: c for c in nat.declared_claims("full")}["T2-en-de"].cost
+    with pytest.raises(MsgcoreError, match="unknown scale"):
+        nat.declared_claims("huge")
+
+
+@pytest.fixture(scope="module")
+def de_en(tmp_path_factory):
+    """The toy corpus named like Multi30k De→En, with a test split named like Multi30k's."""
+    splits = {"train": "train", "val": "val", "test_2016_flickr": "test"}
+    corpora = {name: replace(synthetic_corpus(40 if split == "train" else 10, num_sources=1, seed=0, split=split),
+                             split=name, source_langs=("de",), target_lang="en") for name, split in splits.items()}
+    tok = Tokenizer.train(corpora["train"].texts(), vocab_size=60, cache_dir=tmp_path_factory.mktemp("tok"))
+    return TranslationData(tok, corpora, {s: encode_corpus(c, tok) for s, c in corpora.items()})
+
+
+def test_every_declared_claim_names_systems_floors_and_gates_the_chapter_produces(de_en, tmp_path):
+    scale = replace(SCALE, coverage_iterations=5, ablation_k=(1, 10), ablation_beta=(0.0,))  # the scales' K and rows
+    seeds = (0, 1)
+    direction = nat.train_direction(de_en, scale, TEACHER, CPU, tmp_path)
+    runs = nat.train_main_systems(direction, scale, CPU, tmp_path, seeds)
+    ablations = nat.train_ablations(direction, runs, scale, CPU, tmp_path / "ablation", seeds[0])
+    chapter = nat.ChapterRuns(scale, seeds, {direction.name: direction}, {direction.name: runs}, ablations, None, {})
+    table = nat.table2(direction, {k: v.run for k, v in runs.items()}, scale, CPU, seeds, n_latency=2)
+    evidence = nat.Evidence(nat.table4(chapter, CPU), nat.table3(chapter, CPU, 2),
+                            [nat.kdec_sweep(runs[nat.COV_P1, s].model, de_en, CPU, ks=(4, 5)) for s in seeds],
+                            nat.speedups(table, runs, direction, CPU, seeds, 2),
+                            nat.lpd_scores(table, runs, direction, scale, CPU, seeds))
+    systems = nat.chapter_systems(chapter, {direction.name: table}, evidence, nat.floor_systems(direction))
+    assert systems["Coverage-NAT (De→En)"].updates > systems["NAT-Base (De→En)"].updates  # phase 2 counts
+    assert systems["K = 5, β = 0"].updates == systems["K = 5, β = 0.5"].updates  # the compute-matched control
+    scores = {k: v for k, v in table.scores.items() if k in (nat.BASE, nat.COV)}
+    for name, nat_scale in nat.NAT_SCALES.items():
+        claims = nat.declared_claims(name)
+        gates = nat.direction_gates(direction, nat_scale, scores)
+        assert {g.name for g in gates} == set(nat.gate_names("De→En", nat_scale))
+        missing = {c.id for c in claims if not set(c.systems()) <= set(systems)}
+        assert missing == {"T2-en-de"}  # the toy chapter, like smoke and small, has no En→De
+        judged = {v.id: v for v in verdicts.judge_all(claims, systems, gates)}
+        assert judged["T2-en-de"].verdict == verdicts.NOT_RUN
+        passing = [verdicts.Gate(g.name, 1.0, 0.0) for g in gates]
+        for v in verdicts.judge_all(claims, systems, passing):
+            assert v.verdict in (verdicts.NOT_RUN, verdicts.NOT_DECIDED, verdicts.INDICATIVE), v

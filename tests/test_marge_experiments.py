@@ -176,6 +176,41 @@ def test_a_corrupt_pretraining_checkpoint_is_a_one_line_error(tmp_path):
     assert "\n" not in str(error.value) and "last.pt" in str(error.value)
 
 
+def test_pretraining_runs_in_the_recipes_precision_and_its_key_records_it(tmp_path, monkeypatch):
+    """bf16 autocast + the math kernel, as the core Trainer: the loop trains under them, a bf16 run is a run of its
+    own in the cache, and fp16 (which would need a gradient scaler) is refused before any update."""
+    from dataclasses import replace
+
+    from msgcore import runcache
+    from msgcore.models.marge import MargeTransformer
+    from msgcore.retrieval import BatchConstructor
+
+    docs, scale = exp.toy_documents(30, seed=0), toy_scale()
+    model = MargeTransformer(exp.marge_config(ToyTok(docs.vocab), scale))
+    stream = BatchConstructor(docs.pieces, docs.langs, docs.groups, docs.prefixes, scale.retrieval, exp.BOS, exp.EOS)
+    with pytest.raises(MsgcoreError, match="not fp16") as error:
+        exp.pretrain(model, stream, 4, amp="fp16")
+    assert "\n" not in str(error.value)
+    seen = []
+    real = MargeTransformer.loss
+
+    def spy(self, batch, label_smoothing=0.0):
+        seen.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+        return real(self, batch, label_smoothing)
+    monkeypatch.setattr(MargeTransformer, "loss", spy)
+    before = {n: p.clone() for n, p in model.state_dict().items()}
+    exp.pretrain(model, stream, 3, amp="bf16", sdpa_backends=("math",))
+    assert seen == [True] * 3 and any(not torch.equal(before[n], p) for n, p in model.state_dict().items())
+    monkeypatch.setenv("MSGCORE_RUNS", str(tmp_path / "cache"))
+    keys = []
+    monkeypatch.setattr(runcache, "entry_dir", lambda kind, key: keys.append(key))
+    monkeypatch.setattr(exp, "pretrain", lambda *a, **k: [])
+    monkeypatch.setattr(exp, "retrieval_metrics", lambda *a, **k: {})
+    for precision in ("fp32", "bf16"):
+        exp.train_marge(docs, docs, ToyTok(docs.vocab), replace(scale, amp=precision), torch.device("cpu"), 2, 0)
+    assert len(set(keys)) == 2
+
+
 def test_chunk_document_packs_consecutive_aligned_sentences_under_the_budget():
     english = [[1, 2], [3, 4, 5], [6], [7] * 9, [8]]
     german = [[11], [12, 13], [14, 15, 16, 17], [18], [19]]
@@ -197,7 +232,7 @@ class PieceTokenizer:
 @pytest.mark.skipif(__import__("msgcore.download", fromlist=["x"]).mirror_dir() is None, reason="no local data mirror")
 def test_doc_level_chunks_pair_english_and_german_and_leave_out_the_ted_validation_talks():
     from msgcore.data import load_doc_level
-    from msgcore.experiments.trice import split_documents_at
+    from msgcore.foundations.denoiser import split_documents_at
 
     docs = exp.doc_level_documents(PieceTokenizer(), chunks_per_corpus=20, chunk_tokens=40, first_group=1000)
     assert len(docs) == 2 * 20 * len(exp.DOC_LEVEL_CORPORA) and min(docs.groups) == 1000
@@ -260,3 +295,73 @@ def test_doc_level_test_takes_whole_documents_from_the_start():
     for doc in docs:  # every kept document is whole
         assert part.doc_ids.count(doc) == full.doc_ids.count(doc)
     assert len(part) - part.doc_ids.count(docs[-1]) < 50  # and it stops at the first document past the count
+
+
+# ---- the declared claims and the systems that judge them (msgcore.verdicts) -----------------------------------
+
+def stub_chapter(scale_name):
+    """A chapter's runs without training: logs and histories shaped like the real ones, numbers made up."""
+    from types import SimpleNamespace
+
+    scale = exp.get_marge_scale(scale_name)
+
+    def pretraining_log(steps, rise):
+        refreshes = range(1, steps // scale.retrieval.refresh_every + 2)
+        return [*({"refresh": k, "p_at_1": 0.02 + rise * k} for k in refreshes), {"final": True, "p_at_1": 0.5}]
+
+    def finetuning(steps):
+        return SimpleNamespace(history=[{"kind": "valid", "step": k, "valid_bleu": 1.0} for k in (steps // 2, steps)])
+
+    runs = {("MARGE", s, scale.steps): exp.MargeRun(None, pretraining_log(scale.steps, 0.01), 1.0) for s in scale.seeds}
+    runs.update({(name, 0, scale.ablation_steps): exp.MargeRun(None, pretraining_log(scale.ablation_steps, 0.0), 1.0)
+                 for name in exp.ABLATIONS})
+    denoiser = SimpleNamespace(run=finetuning(scale.steps), scale=SimpleNamespace(pretrain=exp._ft(30)))
+    table5 = [(run, finetuning(scale.table5_steps), "marge") for run in exp.table5_plan()] if scale.table5_steps else []
+    return SimpleNamespace(scale=scale, seed=0, seeds=scale.seeds, runs=runs, denoiser=denoiser, table5=table5,
+                           main=lambda s: runs["MARGE", s, scale.steps],
+                           finetuned={init: finetuning(scale.finetune.max_steps)
+                                      for init in ("random init", exp.DENOISER, "MARGE")})
+
+
+def stub_evidence(ch):
+    x_en = [(x, "en") for x in exp.TABLE5_LANGUAGES] + [("en", x) for x in exp.TABLE5_LANGUAGES]
+    blank = {exp.DE_EN: 0.5, exp.X_EN: 0.5, exp.BOTH_WAYS: 0.5, exp.TED_TEST: 0.5}
+    return exp.Evidence(zero_shot={(s, a, b): 10.0 + s for s in ch.seeds for a, b in x_en},
+                        start_de_en={s: 0.3 for s in ch.seeds}, ablation_de_en={n: 5.0 for n in exp.ABLATIONS},
+                        test_p1={exp.MARGE: [30.0 + s for s in ch.seeds], exp.DENOISER: [3.0], exp.START: [3.5],
+                                 exp.RANDOM_START: [1.0]},
+                        diagonal={exp.MARGE: [100.0] * len(ch.seeds), exp.RANDOM_START: [75.0]},
+                        ted={init: 2.0 for init in ch.finetuned},
+                        table5={exp.table5_system(r.init, r.setting): 12.0 for r, _, _ in ch.table5},
+                        floors={exp.COPY: blank, exp.CONSTANT: blank})
+
+
+@pytest.mark.parametrize("scale", list(exp.MARGE_SCALES))
+def test_declared_claims_name_only_systems_floors_and_gates_the_chapter_produces(scale):
+    from msgcore import verdicts as V
+
+    claims = exp.declared_claims(scale)
+    assert len({c.id for c in claims}) == len(claims) and all(set(c.gates) <= set(exp.GATES) for c in claims)
+    ch = stub_chapter(scale)
+    systems = exp.chapter_systems(ch, stub_evidence(ch))
+    for claim in claims:
+        for name in claim.systems():
+            assert systems[name].values(claim.test_set, claim.metric) is not None, (claim.id, name)
+    judged = V.judge_all(claims, systems, [V.Gate(name, 1.0, 0.0) for name in exp.GATES])
+    assert V.NOT_RUN not in {v.verdict for v in judged}
+    by_id = {v.id: v for v in judged}
+    assert by_id["T4-vs-random"].verdict == V.INDICATIVE  # one fine-tuning seed: never a verdict
+    assert by_id["T2-zero-shot"].seeds == {exp.MARGE: len(ch.seeds), exp.START: len(ch.seeds), exp.COPY: 1,
+                                           exp.CONSTANT: 1}
+
+
+def test_a_pretraining_log_becomes_a_dev_curve_with_the_updates_of_each_refresh():
+    log = [{"refresh": 1, "p_at_1": 0.1}, {"refresh": 2, "p_at_1": 0.3}, {"refresh": 3, "final": True, "p_at_1": 0.4}]
+    history = exp.pretraining_history(log, refresh_every=150, steps=250)
+    assert [(row["step"], row[exp.DEV_METRIC]) for row in history] == [(0, 10.0), (150, 30.0), (250, 40.0)]
+
+
+def test_train_one_is_judged_on_its_least_converged_language_run():
+    flat = [{"kind": "valid", "step": 50, "valid_bleu": 5.0}, {"kind": "valid", "step": 100, "valid_bleu": 5.1}]
+    rising = [{"kind": "valid", "step": 50, "valid_bleu": 1.0}, {"kind": "valid", "step": 100, "valid_bleu": 4.0}]
+    assert exp.least_converged([flat, rising, flat], patience=0) is rising

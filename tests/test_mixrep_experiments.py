@@ -7,9 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from msgcore import download
-from msgcore import experiments
-from msgcore.claims import INCONCLUSIVE, NO_VERDICT, NOT_REPRODUCED, REPRODUCED
+from msgcore import download, experiments, recipes, verdicts
 from msgcore.experiments import BASELINE_SCALES, Scale, baseline_data, run_key, train_translation
 from msgcore.experiments import mixrep as mx
 from msgcore.experiments.mixrep import BPE, SP
@@ -47,7 +45,7 @@ def captured_keys(monkeypatch) -> list[str]:
     def fake(model, data, cfg, device, out_dir, train=None, valid=None, trainer_class=None):
         keys.append(run_key(model, cfg, train or data.encoded["train"], valid or data.encoded["val"],
                             data.corpora["val"].target))
-    monkeypatch.setattr(experiments, "train_model", fake)
+    monkeypatch.setattr(recipes, "train_model", fake)
     monkeypatch.setattr(mx, "train_model", fake)
     return keys
 
@@ -170,11 +168,38 @@ def test_stage_2_starts_from_the_stage_1_model_with_a_fresh_optimizer(toy_direct
         assert torch.equal(seen[0][key], value), key
 
 
-def test_judge_margin_needs_the_papers_margin():
-    assert mx.judge_margin([1.2, 1.1], [0.01, 0.02], 1.0, 0.1, []) == REPRODUCED
-    assert mx.judge_margin([0.6, 0.7], [0.01, 0.02], 1.0, 0.1, []) == NOT_REPRODUCED  # significant, below +1.0
-    assert mx.judge_margin([0.6], [0.01], 0.0, 0.0, []) == INCONCLUSIVE  # one seed: no spread to judge it by
-    assert mx.judge_margin([-1.75], [0.001], 0.0, 0.0, []) == INCONCLUSIVE
+def test_the_claims_are_declared_as_data_the_same_at_every_scale():
+    declared = {name: mx.declared_claims(name) for name in mx.MIXREP_SCALES}
+    ids = [c.id for c in declared["full"]]
+    assert len(ids) == len(set(ids)) == 27 and all([c.id for c in cs] == ids for cs in declared.values())
+    for scale, claims in declared.items():
+        for c in claims:
+            assert c.kind == "better" and c.metric == "BLEU" and c.test_set == mx.MIXREP_SCALES[scale].test_split
+            assert c.cost and ("CPU-hours" in c.cost or "not timed on a CPU" in c.cost) and "GPU" in c.cost
+            if not c.id.startswith("§1"):  # a generation claim: the system must clear copying and the constant
+                assert c.floors == tuple(mx.floor_name(f, c.id.split()[-1]) for f in mx.FLOORS)
+    by_id = {c.id: c for c in declared["small"]}
+    assert by_id["T3 MixRep>narrow SP De→En"].paper_delta == 0.86  # 35.25 − 34.39: the paper's own cells
+    assert by_id["T3 MixRep>wide SP De→En"].smallest_effect == 0.5  # "by 0.5 points"
+    assert by_id["T3 co-teaching De→En"].smallest_effect == 1.0  # "more than 1.0"
+    assert by_id["T2 BPE>SP En→De"].paper_delta == 0.35
+    assert by_id["T6 mixed>stacked De→En"].single_source == ("Transformer (narrow) [SP] De→En",)
+    assert "1 seed (indicative at most)" in by_id["T7 self-training De→En"].cost
+    assert "indicative" not in by_id["T3 wide>narrow De→En"].cost  # full trains Table 3 with 3 seeds
+
+
+def test_one_small_seed_is_indicative_and_a_missing_system_is_not_run():
+    by_id = {c.id: c for c in mx.declared_claims("small")}
+    claims = [by_id["T3 MixRep>narrow SP De→En"], by_id["T3 wide>narrow De→En"]]
+    run = verdicts.RunRecord(((100, 30.0), (200, 33.0), (300, 33.1), (400, 33.1)), 400, False)
+    systems = {name: verdicts.System(name, {"test_2016_flickr": {"BLEU": [score]}}, [run], 400)
+               for name, score in (("MixRep [SP] De→En", 37.3), ("Transformer (narrow) [SP] De→En", 39.2))}
+    systems.update({name: verdicts.floor_system(name, "test_2016_flickr", "BLEU", 3.0)
+                    for name in ("copy input De→En", "best constant De→En")})
+    gates = [verdicts.Gate(name, 40.0, 25.0) for name in claims[0].gates]
+    mixrep, wide = verdicts.judge_all(claims, systems, gates)
+    assert mixrep.verdict == verdicts.INDICATIVE and "leans against" in mixrep.reason
+    assert wide.verdict == verdicts.NOT_RUN and "Transformer (wide) not timed on a CPU" in wide.reason
 
 
 def test_word_segments_group_pieces_by_word():
@@ -206,9 +231,20 @@ def test_the_whole_chapter_runs_judges_every_claim_and_analyses_on_a_toy_scale(t
     assert ch.runs["De→En", mx.STACKED, SP, 0].run.model.cfg.mixing == "stacked"
     assert len(ch.co_teaching["De→En", 0]) == 2 * len(ch.primary.data["mix"].encoded["train"])
     assert ch.runs["De→En", mx.NARROW, SP, 0].run.reused is False  # no chapter 0 run in this cache
-    claims, not_run = mx.chapter_claims(ch)
-    assert len(claims) + len(not_run) == len(mx.chapter_specs(ch)) + 2 and not not_run
-    assert all(c.verdict.startswith(NO_VERDICT) for c in claims)  # a toy model passes no gate
+    # every claim the toy scale runs finds its systems, floors and gates; a toy model passes no gate
+    claims = mx.declared_claims("smoke")
+    systems, gates = mx.chapter_systems(ch), mx.chapter_gates(ch, claims)
+    run = [c for c in claims if {c.system, c.baseline} <= set(systems)]
+    assert {c.id for c in run} == {c.id for c in claims if "De→En" in c.id} | {"T2 BPE>SP En→De"}
+    for c in run:
+        assert set(c.systems()) <= set(systems) and set(c.gates) <= {g.name for g in gates}, c.id
+    assert systems["copy input De→En"].updates is None and systems["MixRep + co-teaching [SP] De→En"].updates > \
+        systems["MixRep [SP] De→En"].updates  # two stages, summed
+    judged = {v.id: v for v in verdicts.judge_all(claims, systems, gates)}
+    assert all(judged[c.id].verdict == verdicts.NOT_DECIDED and judged[c.id].reason.startswith("gate failed")
+               for c in run)
+    assert {v.verdict for i, v in judged.items() if i not in {c.id for c in run}} == {verdicts.NOT_RUN}
+    assert mx.evidence_table(systems, ch.scale.test_split)[0]["seeds"] == 1
     table = mx.results_table(ch, {mx.NARROW: "Transformer_256", mx.COTEACH: "+ co-teaching"}, mx.PAPER_TABLE3,
                              ["De→En"])
     assert table[0]["De→En SP, paper"] == 34.39 and table[1]["De→En BPE, paper"] == 36.41

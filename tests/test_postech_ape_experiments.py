@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from msgcore import verdicts as V
 from msgcore.data import Corpus
 from msgcore.experiments import postech_ape as P
 from msgcore.metrics import corpus_score
@@ -135,3 +136,92 @@ def test_dual_source_control_ignores_src_in_the_encoder():
                                                              torch.ones(1, 5, dtype=torch.bool)])[1].hidden
             for _ in range(2)]
     assert torch.equal(outs[0], outs[1])  # E_joint does not depend on src without the joint attention
+
+
+# ---- the claims and the evidence they are judged on (msgcore.verdicts) -------------------------------------
+
+def history(generic: bool) -> list[dict]:
+    """A run's log rows: a falling loss and two validations with a flat dev BLEU (a converged run)."""
+    last = P.POSTECH_SCALES["smoke"].generic.max_steps if generic else P.POSTECH_SCALES["smoke"].finetune.max_steps
+    return [{"kind": "train", "step": 1, "loss": 6.0}, {"kind": "train", "step": last, "loss": 3.0},
+            {"kind": "valid", "step": 1, "valid_bleu": 20.0}, {"kind": "valid", "step": last, "valid_bleu": 20.1}]
+
+
+def damaged(sentences, key: str, rate: float) -> list[str]:
+    """The sentences with words dropped at `rate`, differently for each key (a system's stand-in outputs)."""
+    import random
+
+    rng = random.Random(key)
+    return [" ".join(w for w in s.split() if rng.random() > rate) or s for s in sentences]
+
+
+def fake_chapter(quality: float = 0.1):
+    """Chapter 4 at smoke scale as `run_chapter` leaves it, without training: every run's log rows, and every
+    output the claims read already decoded (each system drops words at about `quality` ± a little)."""
+    import random
+    from types import SimpleNamespace
+
+    scale = P.POSTECH_SCALES["smoke"]
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(30)]
+    corpora = {}
+    for split, n in (("train", 40), ("val", scale.dev_examples), ("test", scale.test_examples)):
+        pe = [" ".join(rng.choices(words, k=8)) for _ in range(n)]
+        mt = damaged(pe, f"mt {split}", 0.3)  # the MT: the post-edit with 30% of its words dropped
+        corpora[split] = triplets([(f"source {i}", m, p) for i, (m, p) in enumerate(zip(mt, pe))])
+    keys = [(s, a, sd) for s in [*P.ARCHITECTURES, P.DUAL, P.CONCAT] for a in (P.GENERIC, *scale.ratios)
+            for sd in (0, 1)]
+    ch = SimpleNamespace(scale=scale, seed=0, ape=SimpleNamespace(corpora=corpora), outputs={},
+                         runs={key: SimpleNamespace(history=history(key[1] == P.GENERIC), model=None) for key in keys})
+    for split in ("val", "test"):
+        refs = corpora[split].target
+        ch.outputs[P.INITIAL_OUTPUTS, split] = list(corpora[split].sources[1])
+        for key in keys:
+            ch.outputs[P.run_name(*key), split] = damaged(refs, str(key), quality + 0.02 * (len(str(key)) % 3))
+        ch.outputs["ensemble", split] = damaged(refs, "ensemble", quality)
+    return ch
+
+
+def chapter_evidence(quality: float = 0.1):
+    ch = fake_chapter(quality)
+    members = [(system, 1.0) for system in P.ARCHITECTURES]
+    return {**P.chapter_systems(ch, "ensemble", members), **P.floor_systems(ch)}, P.trained_gates(ch)
+
+
+def test_declared_claims_name_only_systems_floors_and_gates_the_chapter_produces():
+    systems, gates = chapter_evidence()
+    for scale in P.POSTECH_SCALES:
+        claims = P.declared_claims(scale)
+        judged = V.judge_all(claims, systems, gates)
+        assert {c.id for c in claims} >= {"P1", "P2", "P5-dev", "P5-test", "P6a", "P6b", "P7", "P8", "O1", "O2"}
+        for claim, verdict in zip(claims, judged):
+            assert set(claim.gates) <= {gate.name for gate in gates}
+            if claim.id == "P8":  # declared, never run: our synthetic MT cannot test the paper's filter
+                assert verdict.verdict == V.NOT_RUN and "real machine translations" in verdict.reason
+                continue
+            assert set(claim.systems()) <= set(systems), claim.id
+            assert verdict.verdict != V.NOT_RUN and verdict.converged, claim.id
+            if claim.metric in ("TER", "BLEU"):
+                assert P.DO_NOTHING in claim.floors and P.CONSTANT in claim.floors
+
+
+def test_systems_worse_than_doing_nothing_are_below_floor_not_judged():
+    systems, gates = chapter_evidence(quality=0.6)  # every system drops 60% of the words; the MT only 30%
+    verdicts_ = {v.id: v for v in V.judge_all(P.declared_claims("small"), systems, gates)}
+    for claim in ("P6a", "P6a-ens", "P6b", "P7"):
+        assert verdicts_[claim].verdict == V.NOT_DECIDED and verdicts_[claim].reason.startswith("below floor"), claim
+
+
+def test_floors_are_do_nothing_a_constant_chosen_elsewhere_and_the_untrained_start():
+    ch = fake_chapter()
+    floors_ = P.floor_systems(ch)
+    mt, refs = P.mt_outputs(ch, "test"), P.references(ch, "test")
+    assert floors_[P.DO_NOTHING].values("test", "TER") == [P.ape_scores(mt, refs)["TER"]]
+    assert floors_[P.DO_NOTHING].values("test", "BLEU") == [corpus_score("bleu", mt, refs).score]
+    assert floors_[P.INITIAL].values("test", "TER") is None  # decoded on dev only
+    assert floors_[P.CONSTANT].values("dev", "TER")[0] > floors_[P.DO_NOTHING].values("dev", "TER")[0]
+    half = P.held_out_half(ch)
+    assert floors_[P.DO_NOTHING].values(P.DEV_HELD_OUT, "TER") == [
+        P.ape_scores(P.mt_outputs(ch, "val")[half:], P.references(ch, "val")[half:])["TER"]]
+
+

@@ -4,19 +4,20 @@ import pytest
 import torch
 
 from msgcore.data import synthetic_corpus
-from msgcore.experiments import TranslationData
-from msgcore.experiments.trice import (TriceScale, TriceTasks, encode_task, model_config, pretrain, reconstruction_bleu,
-                                       single_source_encoded, train_dualbart, train_dualtrans, train_mbart_trans,
-                                       train_trice)
+from msgcore.experiments.trice import (TriceScale, single_source_encoded, train_dualbart, train_dualtrans,
+                                       train_mbart_trans, train_trice)
+from msgcore.foundations.denoiser import DenoiserScale, Tasks, encode_task, model_config, pretrain, reconstruction_bleu
 from msgcore.models.trice import TriceTransformer
 from msgcore.tokenizer import Tokenizer
+from msgcore.recipes import TranslationData
 from msgcore.trainer import TrainConfig
 
 CPU = torch.device("cpu")
 STEPS = TrainConfig(lr=2e-3, warmup_steps=5, max_tokens=600, max_epochs=1, max_steps=6, patience=0,
                     valid_max_sentences=8, log_every=2, progress=False)
-SCALE = TriceScale("tiny", dict(d_model=32, d_ff=64, dropout=0.0), STEPS, STEPS, STEPS, STEPS, pretrain_sentences=40,
-                   heldout_sentences=4)
+DENOISER = DenoiserScale("tiny", dict(d_model=32, d_ff=64, dropout=0.0), STEPS, pretrain_sentences=40,
+                         heldout_sentences=4)
+SCALE = TriceScale("toy", STEPS, STEPS, STEPS)
 
 
 def toy_data(tmp_path, num_sources=2, tok=None):
@@ -32,7 +33,7 @@ def toy_tasks(data):
     train = data.corpora["train"]
     mono = {lang: column[:40] for lang, column in zip((*train.source_langs, train.target_lang),
                                                        (*train.sources, train.target))}
-    return TriceTasks(data.tokenizer, {"m30k": data}, mono)
+    return Tasks(data.tokenizer, {"m30k": data}, mono)
 
 
 def test_finetuning_batches_carry_language_tags(tmp_path):
@@ -48,7 +49,7 @@ def test_finetuning_batches_carry_language_tags(tmp_path):
 
 def test_stages_chain_and_every_system_trains(tmp_path):
     data = toy_data(tmp_path)
-    pre = pretrain(toy_tasks(data), SCALE, CPU, tmp_path / "pre")
+    pre = pretrain(toy_tasks(data), DENOISER, CPU, tmp_path / "pre")
     pretrained = pre.model
     assert isinstance(pretrained, TriceTransformer) and pretrained.fine_encoder is None
     assert any(r["kind"] == "valid" for r in pre.history)  # validated on the held-out copy set
@@ -61,8 +62,8 @@ def test_stages_chain_and_every_system_trains(tmp_path):
     assert any(r["kind"] == "valid" for r in stage2.history)
     dualbart = train_dualbart(pretrained, data, SCALE, CPU, tmp_path / "dualbart")
     assert dualbart.model.fine_encoder is None and not dualbart.model.cfg.separated_cross_attention
-    dualtrans = train_dualtrans(data, SCALE, CPU, tmp_path / "dualtrans")
-    assert not dualtrans.model.cfg.concatenated_encoding
+    dualtrans = train_dualtrans(pretrained, data, SCALE, CPU, tmp_path / "dualtrans")
+    assert not dualtrans.model.cfg.concatenated_encoding and dualtrans.model.cfg.d_model == pretrained.cfg.d_model
     single = toy_data(tmp_path, num_sources=1, tok=data.tokenizer)
     mbart = train_mbart_trans(pretrained, single, SCALE, CPU, tmp_path / "mbart")
     assert mbart.history
@@ -80,7 +81,7 @@ def test_reconstruction_bleu_is_100_for_a_perfect_copier_and_low_for_a_bad_one(t
     texts = {"xa": data.corpora["val"].sources[0]}
     assert reconstruction_bleu(Copier(), data.tokenizer, texts, CPU)["xa"] == pytest.approx(100.0)
     torch.manual_seed(0)
-    untrained = TriceTransformer(model_config(data, SCALE, fine_layers=0)).eval()
+    untrained = TriceTransformer(model_config(data.tokenizer, DENOISER, fine_layers=0)).eval()
     assert reconstruction_bleu(untrained, data.tokenizer, texts, CPU)["xa"] < 50
 
 
@@ -93,7 +94,7 @@ def test_analysis_variants_train_on_the_analysis_budget_beside_their_own_referen
     from msgcore.experiments.trice import analysis_runs, fixed_steps
 
     data = toy_data(tmp_path)
-    pretrained = pretrain(toy_tasks(data), SCALE, CPU, tmp_path / "pre").model
+    pretrained = pretrain(toy_tasks(data), DENOISER, CPU, tmp_path / "pre").model
     stage1, stage2 = train_trice(pretrained, data, SCALE, CPU, tmp_path / "trice")
     ape = {"TRICE stage 1": stage1, "TRICE": stage2}
     analysis = fixed_steps(replace(STEPS, max_epochs=50), 3)
@@ -104,3 +105,21 @@ def test_analysis_variants_train_on_the_analysis_budget_beside_their_own_referen
     assert {max(r["step"] for r in run.history) for run in runs.values()} == {3}
     ch.scale = SCALE
     assert analysis_runs(ch, ape)["Fine encoder (N_f = 1)"] is stage2
+
+
+def test_ted_runs_return_trices_first_stage_for_its_budget(tmp_path):
+    """Table 4's TRICE counts both stages in its budget: `ted_runs` hands back stage 1 beside stage 2."""
+    import types
+
+    from msgcore.experiments.trice import ted_runs, updates
+
+    data = toy_data(tmp_path)
+    single = toy_data(tmp_path, num_sources=1, tok=data.tokenizer)
+    pretrained = pretrain(toy_tasks(data), DENOISER, CPU, tmp_path / "pre").model
+    ch = types.SimpleNamespace(scale=SCALE, tasks={"ted": data, "ted_sent": single, "ted_doc": single},
+                               out_dir=tmp_path / "ted", device=CPU, seed=0, pretrained=pretrained)
+    runs = ted_runs(ch)
+    assert list(runs) == ["MBART-TRANS", "MBART-DOCTRANS", "DualBART", "TRICE stage 1", "TRICE"]
+    (stage1, read1), (stage2, read2) = runs["TRICE stage 1"], runs["TRICE"]
+    assert stage1.model.fine_encoder is None and stage2.model.fine_encoder is not None
+    assert read1 is single and read2 is data and updates(stage1) > 0 and updates(stage2) > 0

@@ -195,3 +195,78 @@ def test_the_machine_readable_scoreboard(tmp_path):
     assert table.loc[1, "reason"] == "under-trained"
     assert list(V.scoreboard(verdicts)["verdict"]) == ["reproduced", "reproduced"]
     assert list(V.declarations(claims)["compares"]) == ["A vs B", "A vs B"]
+
+
+# ---- gates, floors, system builders -----------------------------------------------------------------------------
+
+def test_a_failed_gate_blocks_the_claims_that_rest_on_it_and_only_those():
+    gates = [V.Gate("teacher BLEU", 20.0, 33.0), V.Gate("distillation", 30.0, 25.0)]
+    systems = {s.name: s for s in (system("A", [40, 41, 42]), system("B", [30, 31, 32]))}
+    blocked, free = V.judge_all([better(id="x", gates=("teacher BLEU", "distillation")),
+                                 better(id="y", gates=("distillation",))], systems, gates)
+    assert blocked.verdict == V.NOT_DECIDED and blocked.reason == "gate failed: teacher BLEU"
+    assert free.verdict == V.REPRODUCED
+
+
+def test_a_claim_naming_an_unmeasured_gate_is_an_error():
+    with pytest.raises(V.ProtocolError, match="no gate named 'teacher'"):
+        judge(better(gates=("teacher",)), system("A", [40, 41, 42]), system("B", [30, 31, 32]))
+
+
+def test_a_below_gate_target_is_a_pass_for_lower_is_better_gates():
+    assert V.Gate("repeats", 0.05, 0.10, higher_is_better=False).passed
+    assert not V.Gate("repeats", 0.15, 0.10, higher_is_better=False).passed
+
+
+def test_trained_system_reads_convergence_and_budget_from_trainer_histories():
+    rising = [{"kind": "valid", "step": s, "valid_bleu": b} for s, b in ((100, 10.0), (200, 15.0), (300, 20.0))]
+    flat = [{"kind": "valid", "step": s, "valid_bleu": b} for s, b in ((100, 10.0), (200, 20.0), (300, 20.1))]
+    s = V.trained_system("A", {"test": {"BLEU": [20.0, 21.0]}}, [rising, flat], patience=0)
+    assert s.updates == 300 and [r.converged()[0] for r in s.runs] == [False, True]
+    assert V.trained_system("A", {}, [flat], patience=0, updates=450).updates == 450
+    floor = V.floor_system("copy input", "test", "BLEU", 2.5)
+    assert floor.runs == [] and floor.updates is None and floor.values("test", "BLEU") == [2.5]
+
+
+def test_best_constant_is_chosen_on_dev_and_scored_on_test():
+    from msgcore import floors
+
+    dev = ["a man rides a horse .", "a man rides a bike .", "two dogs play in the snow ."]
+    test = ["two dogs play in the park .", "two dogs run in the snow ."]
+    text, score = floors.best_constant(dev, test)
+    assert text in dev[:2]  # the "typical" dev sentence, never a test sentence
+    assert score == pytest.approx(floors.copy_input([text] * 2, test))
+    ter_text, _ = floors.best_constant(dev, test, metric="TER")
+    assert ter_text in dev
+    with pytest.raises(Exception, match="empty"):
+        floors.best_constant([], test)
+
+
+def test_a_floor_as_the_baseline_is_compared_with_every_seed():
+    do_nothing = floor("do-nothing", 20.0)  # one score, never trained: no budget to compare, no seeds to pair
+    claim = better(baseline="do-nothing", paper_delta=None)
+    v = judge(claim, system("A", [22.0, 23.0, 22.5]), do_nothing)
+    assert v.verdict == V.REPRODUCED and v.equal_budget and "over 3 seeds" in v.reason
+    assert judge(claim, system("A", [22.0]), do_nothing).verdict == V.INDICATIVE
+    lower = better(baseline="do-nothing", paper_delta=None, metric="TER", higher_is_better=False)
+    ter = [System("A", {"test": {"TER": [18.0, 18.1, 18.2]}}, [CONVERGED] * 3, 4000),
+           System("do-nothing", {"test": {"TER": [19.5]}})]
+    assert judge(lower, *ter).verdict == V.REPRODUCED
+
+
+def test_an_indicative_parity_claim_leans_by_its_margin_not_by_zero():
+    claim = better(kind="parity", margin=1.0, paper_delta=None)
+    assert "leans towards" in judge(claim, system("A", [39.5]), system("B", [40.0])).reason  # −0.5 is inside −1
+    assert "leans against" in judge(claim, system("A", [38.5]), system("B", [40.0])).reason
+
+
+def test_seeds_pair_k_with_k_on_the_seeds_both_systems_have():
+    v = judge(better(), system("A", [40.0, 41.0, 42.0, 43.0]), system("B", [30.0, 31.0, 32.0]))
+    assert v.verdict == V.REPRODUCED and "over 3 seeds" in v.reason and v.seeds == {"A": 4, "B": 3}
+    assert judge(better(), system("A", [40.0, 41.0, 42.0]), system("B", [30.0])).verdict == V.INDICATIVE
+
+
+def test_declarations_write_a_lower_is_better_threshold_as_at_most():
+    at_most = Claim("k", "peaks near K", "K = 5", "threshold", "A", "gap", "dev", higher_is_better=False, threshold=1.0)
+    at_least = Claim("s", "10x faster", "10.04x", "threshold", "A", "speed-up", "test", threshold=10.04)
+    assert list(V.declarations([at_most, at_least])["compares"]) == ["A ≤ 1", "A ≥ 10.04"]

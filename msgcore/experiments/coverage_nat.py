@@ -7,14 +7,14 @@
     decoding  argmax at the predicted length, or length parallel decoding (LPD) with l
               candidates rescored by the teacher; BLEU is reported after the removal of
               consecutive repeats (the paper's protocol, §IV "Inference") and on the raw outputs
-The paper's own numbers are data here (PAPER_TABLE2 ...), read from the paper's text.
+The paper's own numbers are data here (PAPER_TABLE2 ...), read from the paper's text, and so are the chapter's
+claims (`declared_claims`), judged by msgcore.verdicts on the systems `chapter_systems` builds from the runs.
 `run_chapter(scale, device, out_dir, seed)` trains every run the chapter needs (filling the run cache);
 the notebook calls it too, so a GPU script and the notebook share every run.
 """
 from __future__ import annotations
 
 import json
-import random
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -24,11 +24,11 @@ from typing import Callable, Sequence
 import pandas as pd
 import torch
 
-from msgcore import runcache
+from msgcore import floors, runcache, verdicts
 from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batches
-from msgcore.claims import Gate
-from msgcore.experiments import (BASELINE_SCALES, RunResult, Scale, TranslationData, evaluate,  # noqa: F401
-                                 limit_eval_splits, mean_std, prepare_translation, train_model, train_translation)
+from msgcore.foundations.baselines import BASELINE_SCALES
+from msgcore.recipes import (CPU_BOOK_SETTING, RunResult, Scale, TranslationData, evaluate, limit_eval_splits,
+                             mean_std, prepare_translation, run_key, train_model, train_translation)
 from msgcore.generation import GenerationConfig, rescore
 from msgcore.metrics import Score, corpus_score
 from msgcore.model import PRESETS, Transformer
@@ -36,6 +36,7 @@ from msgcore.models.coverage_nat import (CoverageNAT, CoverageNATConfig, generat
                                          remove_consecutive_repeats, repeat_ratio)
 from msgcore.trainer import Trainer, TrainConfig, translate_encoded
 from msgcore.utils import MsgcoreError, atomic_write
+from msgcore.verdicts import Gate
 
 # ---- the paper's numbers (arXiv:2104.11897v1, read from its text) ----------------------------------------
 # Table II: BLEU (%) on the test sets (WMT14 newstest2014, WMT16 newstest2016), latency per sentence on
@@ -104,7 +105,7 @@ class NATScale:
     seeds: int = 3  # seeds of NAT-Base and Coverage-NAT (the main comparison)
     directions: tuple[tuple[str, str], ...] = (("de", "en"),)  # Multi30k (source, target); the first gets every analysis
     raw_data_baseline: bool = False  # also train NAT-Base on the references (what distillation buys)
-    # gates (msgcore.claims.Gate): the verdicts rest on them
+    # gates (msgcore.verdicts.Gate): the verdicts rest on them
     teacher_min_bleu: float = 0.0  # the AT teacher's test BLEU must reach this
     max_distill_gap: float = 3.0  # distilled targets vs references: at most this far below the teacher's test BLEU
     max_repeats: float = 35.0  # NAT models: repeated tokens (%) on the test set
@@ -130,12 +131,13 @@ NAT_SCALES: dict[str, NATScale] = {
                       notes="CI only: checks that the chapter runs end to end; its numbers mean nothing and "
                             "every gate fails."),
     "small": NATScale("tiny", dict(dropout=0.1, max_length_offset=32),
-                      phase1=_steps(1000, warmup_steps=250, validate_every=200),
-                      phase2=_steps(100, lr=2e-4, schedule="constant", validate_every=100),
-                      ablation=_steps(100, lr=2e-4, schedule="constant", validate_every=100), ablation_k=(1, 10),
+                      phase1=_steps(1000, warmup_steps=250, validate_every=200, **CPU_BOOK_SETTING),
+                      phase2=_steps(100, lr=2e-4, schedule="constant", validate_every=100, **CPU_BOOK_SETTING),
+                      ablation=_steps(100, lr=2e-4, schedule="constant", validate_every=100, **CPU_BOOK_SETTING),
+                      ablation_k=(1, 10),
                       curve_every=200, seeds=1, teacher_beam=1, distill_examples=15000, lpd_candidates=5,
                       latency_sentences=100, directions=(("de", "en"),), teacher_min_bleu=33.0,
-                      notes="2 CPU threads, at most 30 minutes: De→En only, one seed; NAT-Base and Coverage-NAT "
+                      notes="2 CPU threads, bf16 autocast and the math attention kernel: De→En only, one seed; NAT-Base and Coverage-NAT "
                             "(`tiny` preset, K = 5) trained for 1,000 updates on a greedy distillation, by chapter "
                             "0's teacher (`small` preset), of the first 15,000 training sentences (distilling all "
                             "29k with the d=256 teacher would take about as long as training both NAT models), "
@@ -228,7 +230,6 @@ def train_with_curve(model: CoverageNAT, data: TranslationData, train_cfg: Train
     curve so far in the entry's `work/` folder. `every` = 0: a plain `train_model` run without a curve."""
     if not every:
         return NATRun(train_model(model, data, train_cfg, device, out_dir, train=train))
-    from msgcore.experiments import run_key
 
     train = train or data.encoded["train"]
     valid, refs = data.encoded["val"], data.corpora["val"].target
@@ -459,23 +460,44 @@ def run_chapter(scale_name: str, device: torch.device, out_dir: str | Path, seed
 
 # ---- gates -----------------------------------------------------------------------------------------------
 
+def teacher_gate(direction: str, scale: NATScale) -> str:
+    return f"{direction}: AT teacher test BLEU (beam {scale.test_beam})"
+
+
+def distillation_gate(direction: str) -> str:
+    return f"{direction}: distilled targets' BLEU vs the references, minus the teacher's test BLEU"
+
+
+def nat_gates(direction: str, system: str, scale: NATScale) -> dict[str, str]:
+    """The names of one NAT system's gates, by what they check: repeats, BLEU and (when the scale has the bar)
+    the distance to the teacher."""
+    names = {"repeats": f"{direction}: {system} repeated tokens % (test, worst seed)",
+             "bleu": f"{direction}: {system} BLEU after repeat removal (test, worst seed)"}
+    if scale.max_teacher_gap is not None:
+        names["teacher gap"] = f"{direction}: {system} BLEU (dedup) minus the teacher's (test, worst seed)"
+    return names
+
+
+def gate_names(direction: str, scale: NATScale, systems: Sequence[str] = (BASE, COV)) -> tuple[str, ...]:
+    """Every gate `direction_gates` measures for `direction`: what a claim of that direction rests on."""
+    return (teacher_gate(direction, scale), distillation_gate(direction),
+            *(name for system in systems for name in nat_gates(direction, system, scale).values()))
+
+
 def direction_gates(direction: Direction, scale: NATScale, nat_scores: dict[str, list[dict]]) -> list[Gate]:
     """The gates one direction's verdicts rest on: the teacher trained, the distillation is faithful, and each NAT
     system trained (repeats, BLEU after repeat removal, distance to the teacher) on every seed."""
     name, teacher_bleu = direction.name, direction.teacher_scores["BLEU"].score
-    gates = [Gate(f"{name}: AT teacher test BLEU (beam {scale.test_beam})", teacher_bleu, scale.teacher_min_bleu),
-             Gate(f"{name}: distilled targets' BLEU vs the references, minus the teacher's test BLEU",
-                  direction.distilled_bleu - teacher_bleu, -scale.max_distill_gap)]
+    gates = [Gate(teacher_gate(name, scale), teacher_bleu, scale.teacher_min_bleu),
+             Gate(distillation_gate(name), direction.distilled_bleu - teacher_bleu, -scale.max_distill_gap)]
     for system, rows in nat_scores.items():
         worst_rep = max(r["repeats %"] for r in rows)
         worst_bleu = min(r["BLEU (dedup)"] for r in rows)
-        gates.append(Gate(f"{name}: {system} repeated tokens % (test, worst seed)", worst_rep, scale.max_repeats,
-                          higher_is_better=False))
-        gates.append(Gate(f"{name}: {system} BLEU after repeat removal (test, worst seed)", worst_bleu,
-                          scale.min_nat_bleu))
-        if scale.max_teacher_gap is not None:
-            gates.append(Gate(f"{name}: {system} BLEU (dedup) minus the teacher's (test, worst seed)",
-                              worst_bleu - teacher_bleu, -scale.max_teacher_gap))
+        names = nat_gates(name, system, scale)
+        gates.append(Gate(names["repeats"], worst_rep, scale.max_repeats, higher_is_better=False))
+        gates.append(Gate(names["bleu"], worst_bleu, scale.min_nat_bleu))
+        if "teacher gap" in names:
+            gates.append(Gate(names["teacher gap"], worst_bleu - teacher_bleu, -scale.max_teacher_gap))
     return gates
 
 
@@ -706,15 +728,423 @@ def length_accuracy(model: CoverageNAT, data: TranslationData, split: str, devic
             "mean error (pieces)": statistics.mean(errors)}
 
 
-def repeat_gap_noise(first: Sequence[Sequence[int]], second: Sequence[Sequence[int]], samples: int = 300,
-                     seed: int = 0) -> float:
-    """The standard deviation of repeat_ratio(first) - repeat_ratio(second) under a paired bootstrap over sentences.
+# ---- the claims, declared before the runs ---------------------------------------------------------------
 
-    A repeat-ratio claim judged on one run has no seed-to-seed spread; this is its noise floor instead (rule 3 of
-    msgcore.claims): a difference under twice this value is inconclusive."""
-    rng, n = random.Random(seed), len(first)
-    gaps = []
-    for _ in range(samples):
-        idx = [rng.randrange(n) for _ in range(n)]
-        gaps.append(repeat_ratio([first[i] for i in idx]) - repeat_ratio([second[i] for i in idx]))
-    return statistics.stdev(gaps)
+TEST, DEV = "test_2016_flickr", "dev"  # the score keys of the systems: Multi30k's test split and its val split
+BLEU_DEDUP, REPEATS = "BLEU (dedup)", "repeats %"
+SPEEDUP = "speed-up over the AT teacher (×)"
+REDUCTION = "repeat reduction (points)"
+KDEC_GAP = "|best K_dec − K_train|"
+DIRECTIONS = ("De→En", "En→De")  # every direction a claim is declared for; the first has every analysis
+KDEC_SWEEP = (1, 2, 3, 4, 5, 6, 7, 10)  # Figure 2's K_dec values
+
+
+def direction_name(source: str, target: str) -> str:
+    """E.g. "De→En", as `Direction.name` spells it."""
+    return f"{source.title()}→{target.title()}"
+
+
+def nat_name(system: str, direction: str) -> str:
+    """A system of one direction, e.g. "Coverage-NAT (De→En)"."""
+    return f"{system} ({direction})"
+
+
+def lpd_system(direction: str) -> str:
+    return f"Coverage-NAT + LPD ({direction})"
+
+
+def copy_floor(direction: str) -> str:
+    return f"copy input ({direction})"
+
+
+def constant_floor(direction: str) -> str:
+    return f"best constant ({direction})"
+
+
+def half_name(direction: str, half: str) -> str:
+    """NAT-Base on one half of the dev set ("short" or "long" sources)."""
+    return f"NAT-Base ({direction}), {half} sentences"
+
+
+def reduction_name(by: str, direction: str, half: str = "") -> str:
+    """A per-seed difference of repeat ratios, e.g. "repeat reduction by SCA (De→En)"."""
+    return f"repeat reduction by {by} ({direction}" + (f", {half} sentences)" if half else ")")
+
+
+def k_row(k: int) -> str:
+    """A Table III row of the K_train ablation."""
+    return f"K_train = {k}"
+
+
+def beta_row(k: int, beta: float) -> str:
+    """A Table III row of the SCA weight: phase 2 at weight `beta` (β = 0 is the compute-matched control)."""
+    return f"K = {k}, β = {beta:g}"
+
+
+def paper_t2_delta(system: str, baseline: str, direction: str) -> float:
+    column = f"WMT14 {direction}"
+    return round(PAPER_TABLE2[system][column] - PAPER_TABLE2[baseline][column], 2)
+
+
+def declared_claims(scale_name: str, seconds_per_update: float | None = None) -> list[verdicts.Claim]:
+    """The chapter's claims at a scale, declared before its runs. `seconds_per_update` (measured once the runs
+    exist) only turns the cost line of the claims the scale does not run into CPU-hours."""
+    if scale_name not in NAT_SCALES:
+        raise MsgcoreError(f"unknown scale {scale_name!r}; choose one of {', '.join(NAT_SCALES)}")
+    return claims_for(NAT_SCALES[scale_name], DIRECTIONS, seconds_per_update)
+
+
+def claims_for(scale: NATScale, directions: Sequence[str], seconds_per_update: float | None = None
+               ) -> list[verdicts.Claim]:
+    """The claims of Table II (every direction), of Tables III and IV and Figure 2 (the first direction)."""
+    first = directions[0]
+    return [*(table2_claim(d, scale, seconds_per_update) for d in directions), *speed_and_lpd_claims(first, scale),
+            *table4_claims(first, scale), *table3_claims(first, scale, seconds_per_update),
+            figure2_claim(first, scale)]
+
+
+def table2_claim(direction: str, scale: NATScale, seconds_per_update: float | None) -> verdicts.Claim:
+    column, delta = f"WMT14 {direction}", paper_t2_delta(COV, BASE, direction)
+    ran = direction in {direction_name(s, t) for s, t in scale.directions}
+    return verdicts.Claim(
+        f"T2-{direction.lower().replace('→', '-')}",
+        f"Coverage-NAT beats NAT-Base in BLEU after repeat removal ({direction}, test)",
+        f"Table II, {column}: {PAPER_TABLE2[COV][column]:.2f} vs {PAPER_TABLE2[BASE][column]:.2f}, {delta:+.2f}",
+        "better", nat_name(COV, direction), BLEU_DEDUP, TEST, baseline=nat_name(BASE, direction), paper_delta=delta,
+        floors=(copy_floor(direction), constant_floor(direction)), gates=gate_names(direction, scale),
+        cost="" if ran else direction_cost(direction, scale, seconds_per_update))
+
+
+def direction_cost(direction: str, scale: NATScale, seconds_per_update: float | None) -> str:
+    seeds = max(scale.seeds, verdicts.MIN_SEEDS)
+    what = f"{seeds} seeds of NAT-Base and Coverage-NAT on {direction}, plus chapter 0's {direction} teacher and " \
+           f"its distillation"
+    if seconds_per_update is None:
+        return f"{what}; the `full` scale runs it"
+    updates = scale.phase1.max_steps + scale.phase2.max_steps
+    return f"{what}: {verdicts.cpu_hours(2 * seeds, updates, seconds_per_update)} at this scale's recipe"
+
+
+def speed_and_lpd_claims(direction: str, scale: NATScale) -> list[verdicts.Claim]:
+    gates, column = gate_names(direction, scale), f"WMT14 {direction}"
+    lpd = "Coverage-NAT + LPD + AT rescoring"
+    return [
+        verdicts.Claim("T2-speed", f"Coverage-NAT (K = {scale.coverage_iterations}) is about 10× faster than the "
+                       f"AT model at batch size 1 ({direction}, test)",
+                       f"Table II: {PAPER_TABLE2[COV]['speedup']}× ({PAPER_TABLE2[COV]['latency (ms)']} vs "
+                       f"{PAPER_TABLE2[AT]['latency (ms)']} ms per sentence, one RTX 2080Ti)",
+                       "threshold", nat_name(COV, direction), SPEEDUP, TEST, threshold=PAPER_TABLE2[COV]["speedup"],
+                       gates=gates),
+        verdicts.Claim("T2-LPD", f"length parallel decoding (l = {scale.lpd_candidates}) with AT rescoring improves "
+                       f"Coverage-NAT ({direction}, test)",
+                       f"Table II, {column}: {PAPER_TABLE2[lpd][column]:.2f} vs {PAPER_TABLE2[COV][column]:.2f}, "
+                       f"{paper_t2_delta(lpd, COV, direction):+.2f} (l = 9)",
+                       "better", lpd_system(direction), BLEU_DEDUP, TEST, baseline=nat_name(COV, direction),
+                       paper_delta=paper_t2_delta(lpd, COV, direction),
+                       floors=(copy_floor(direction), constant_floor(direction)), gates=gates),
+    ]
+
+
+def table4_claims(direction: str, scale: NATScale) -> list[verdicts.Claim]:
+    """Table IV's repeat ratios (%): on the test set (every seed), and on the dev set as the paper measures them."""
+    gates, t4 = gate_names(direction, scale), PAPER_TABLE4
+    base, cov, wo = t4[BASE], t4[COV], t4[COV_P1]
+    control = beta_row(scale.coverage_iterations, 0.0)
+    sca, tcir = wo["all"] - cov["all"], base["all"] - wo["all"]
+    return [
+        verdicts.Claim("T4-test", f"Coverage-NAT repeats fewer tokens than NAT-Base ({direction}, test)",
+                       f"Table IV (WMT14 En→De dev), all: {base['all']} → {cov['all']} %, "
+                       f"−{base['all'] - cov['all']:.2f}",
+                       "better", nat_name(COV, direction), REPEATS, TEST, baseline=nat_name(BASE, direction),
+                       higher_is_better=False, paper_delta=round(cov["all"] - base["all"], 2), gates=gates),
+        verdicts.Claim("T4-TCIR", f"TCIR alone repeats fewer tokens: Coverage-NAT w/o SCA (phase 1) vs NAT-Base, "
+                       f"the same updates ({direction}, dev)",
+                       f"Table IV, all: {wo['all']} vs {base['all']} %, −{base['all'] - wo['all']:.2f}",
+                       "better", nat_name(COV_P1, direction), REPEATS, DEV, baseline=nat_name(BASE, direction),
+                       higher_is_better=False, paper_delta=round(wo["all"] - base["all"], 2), gates=gates),
+        verdicts.Claim("T4-SCA", f"SCA removes more repeats than TCIR: Coverage-NAT against its β = 0 control "
+                       f"({control}), w/o SCA against NAT-Base ({direction}, dev)",
+                       f"Table IV, all: SCA −{sca:.2f} vs TCIR −{tcir:.2f} points",
+                       "better", reduction_name("SCA", direction), REDUCTION, DEV,
+                       baseline=reduction_name("TCIR", direction), paper_delta=round(sca - tcir, 2), gates=gates),
+        verdicts.Claim("T4-long", f"NAT-Base repeats more on long sentences than on short ones ({direction}, dev)",
+                       f"Table IV, NAT-Base: {base['long']} (long) vs {base['short']} % (short)",
+                       "better", half_name(direction, "short"), REPEATS, DEV, baseline=half_name(direction, "long"),
+                       higher_is_better=False, paper_delta=round(base["short"] - base["long"], 2), gates=gates),
+        verdicts.Claim("T4-long-gain", f"Coverage-NAT removes more repeats on long sentences than on short ones "
+                       f"({direction}, dev)",
+                       f"Table IV: −{base['long'] - cov['long']:.2f} (long) vs −{base['short'] - cov['short']:.2f} "
+                       f"points (short)",
+                       "better", reduction_name("Coverage-NAT", direction, "long"), REDUCTION, DEV,
+                       baseline=reduction_name("Coverage-NAT", direction, "short"),
+                       paper_delta=round((base["long"] - cov["long"]) - (base["short"] - cov["short"]), 2),
+                       gates=gates),
+    ]
+
+
+def table3_claims(direction: str, scale: NATScale, seconds_per_update: float | None) -> list[verdicts.Claim]:
+    """Table III's ablations on the dev set: K_train = 10 vs 1 (no SCA), and SCA against its compute-matched
+    control (phase 2 of the same length at β = 0)."""
+    gates, t3, k = gate_names(direction, scale), PAPER_TABLE3, scale.coverage_iterations
+    floor_names = (copy_floor(direction), constant_floor(direction))
+    k_trained = {*scale.ablation_k, k}
+    k_delta = round(t3["K_train = 10"]["BLEU"] - t3["K_train = 1"]["BLEU"], 2)
+    sca, control = beta_row(k, scale.beta), beta_row(k, 0.0)
+    sca_delta = round(t3["K = 5, β = 0.5"]["BLEU"] - t3["K = 5, β = 0"]["BLEU"], 2)
+    return [
+        verdicts.Claim("T3-K", f"more coverage iterations help: K_train = 10 beats K_train = 1 ({direction}, dev)",
+                       f"Table III (WMT16 En→Ro dev): {t3['K_train = 10']['BLEU']} vs {t3['K_train = 1']['BLEU']}, "
+                       f"{k_delta:+.2f}",
+                       "better", k_row(10), BLEU_DEDUP, DEV, baseline=k_row(1), paper_delta=k_delta, floors=floor_names,
+                       gates=gates, cost="" if {1, 10} <= k_trained else k_cost(scale, seconds_per_update)),
+        verdicts.Claim("T3-SCA", f"SCA (β = {scale.beta:g}) beats its compute-matched control, phase 2 of the same "
+                       f"length at β = 0 ({direction}, dev)",
+                       f"Table III: β = 0.5 {t3['K = 5, β = 0.5']['BLEU']} vs β = 0 {t3['K = 5, β = 0']['BLEU']}, "
+                       f"{sca_delta:+.2f}",
+                       "better", sca, BLEU_DEDUP, DEV, baseline=control, paper_delta=sca_delta, floors=floor_names,
+                       gates=gates, cost="" if 0.0 in scale.ablation_beta else "the β = 0 phase-2 run of Table III"),
+    ]
+
+
+def k_cost(scale: NATScale, seconds_per_update: float | None) -> str:
+    recipe = scale.ablation or scale.phase1
+    what = "the K_train = 1 and 10 runs of Table III"
+    if seconds_per_update is None:
+        return f"{what} ({recipe.max_steps:,} updates each)"
+    return f"{what}: {verdicts.cpu_hours(2, recipe.max_steps, seconds_per_update)}"
+
+
+def figure2_claim(direction: str, scale: NATScale) -> verdicts.Claim:
+    return verdicts.Claim(
+        "F2-Kdec", f"decoding BLEU peaks within one iteration of K_dec = K_train = {scale.coverage_iterations} "
+        f"(Coverage-NAT w/o SCA, {direction}, dev)",
+        "Figure 2 (text): the maximum at K_dec = K_train = 5, almost the maximum at K_dec = 4",
+        "threshold", nat_name(COV_P1, direction), KDEC_GAP, DEV, higher_is_better=False, threshold=1.0,
+        gates=gate_names(direction, scale))
+
+
+# ---- the runs as the protocol sees them -------------------------------------------------------------------
+
+def nat_record(run: NATRun, cfg: TrainConfig) -> verdicts.RunRecord:
+    """One NAT run's dev BLEU at each validation (the trainer's, which picks the checkpoint) and how it ended.
+
+    A curve run stores the history of its best checkpoint: the validations after it scored lower, so they change
+    neither the best score nor its gain over the last quarter; its curve says where the run really ended, and
+    whether early stopping ended it (before `cfg.max_steps`)."""
+    if not run.curve:
+        return verdicts.run_record(run.run.history, cfg.patience)
+    dev = tuple((row["step"], row["valid_bleu"]) for row in run.run.history if row["kind"] == "valid")
+    last = run.curve[-1]["step"]
+    return verdicts.RunRecord(dev, last, last < cfg.max_steps)
+
+
+def chained_record(first: verdicts.RunRecord, second: verdicts.RunRecord) -> verdicts.RunRecord:
+    """One record for a model trained in two stages (phase 1, then a phase-2 run from its best checkpoint): the
+    second stage's validations follow the first's on one axis of updates, so the model counts every update it
+    had, and its last quarter is the last quarter of all of them."""
+    shifted = tuple((first.last_step + step, score) for step, score in second.dev_curve)
+    return verdicts.RunRecord(first.dev_curve + shifted, first.last_step + second.last_step, second.early_stopped)
+
+
+def lineages(chapter: ChapterRuns, direction: str) -> dict[str, list[verdicts.RunRecord]]:
+    """Per seed, the record of NAT-Base (phase 1), Coverage-NAT w/o SCA (its phase 1) and Coverage-NAT (phase 1
+    then phase 2: it had phase 2's updates more than NAT-Base)."""
+    scale, runs = chapter.scale, chapter.runs[direction]
+    out: dict[str, list[verdicts.RunRecord]] = {BASE: [], COV_P1: [], COV: []}
+    for s in chapter.seeds:
+        phase1 = nat_record(runs[COV_P1, s], scale.phase1)
+        out[BASE].append(nat_record(runs[BASE, s], scale.phase1))
+        out[COV_P1].append(phase1)
+        out[COV].append(chained_record(phase1, nat_record(runs[COV, s], scale.phase2)))
+    return out
+
+
+def seconds_per_update(chapter: ChapterRuns) -> float:
+    """Measured wall seconds per phase-1 update of the primary direction's runs (decoding its curve included)."""
+    runs, scale = chapter.runs[chapter.primary.name], chapter.scale
+    pairs = [(runs[n, s].run.wall_time_s, nat_record(runs[n, s], scale.phase1).last_step)
+             for n in (BASE, COV_P1) for s in chapter.seeds]
+    return sum(wall for wall, _ in pairs) / max(sum(updates for _, updates in pairs), 1)
+
+
+# ---- Tables III and IV, Figure 2: the dev-set analyses -------------------------------------------------------
+
+def table3_runs(chapter: ChapterRuns) -> dict[str, tuple[CoverageNAT, verdicts.RunRecord]]:
+    """Table III's rows (primary direction, first seed): each row's model and the record of its training.
+
+    The K_train = K row is compute-matched with the other K rows: the β = 0 phase-2 run when they are fine-tuned
+    from Coverage-NAT's phase-1 model, else that phase-1 model itself; the row of the scale's β is Coverage-NAT."""
+    scale, first, abl = chapter.scale, chapter.seeds[0], chapter.ablations
+    runs, lines = chapter.runs[chapter.primary.name], lineages(chapter, chapter.primary.name)
+    k = scale.coverage_iterations
+    phase1 = lines[COV_P1][0]
+    betas = {b: (abl[beta_row(k, b)].model, chained_record(phase1, nat_record(abl[beta_row(k, b)], scale.phase2)))
+             for b in scale.ablation_beta}
+    betas[scale.beta] = (runs[COV, first].model, lines[COV][0])
+    rows = {"NAT-Base": (runs[BASE, first].model, lines[BASE][0])}
+    for k_train in sorted({*scale.ablation_k, k}):
+        if k_train == k:
+            rows[k_row(k)] = betas[0.0] if scale.ablation is not None else (runs[COV_P1, first].model, phase1)
+            continue
+        run = abl[k_row(k_train)]
+        rows[k_row(k_train)] = (run.model, nat_record(run, scale.phase1) if scale.ablation is None
+                                else chained_record(phase1, nat_record(run, scale.ablation)))
+    rows.update({beta_row(k, b): betas[b] for b in sorted(betas)})
+    return rows
+
+
+def table3(chapter: ChapterRuns, device: torch.device, n_latency: int) -> dict[str, dict[str, float]]:
+    """Table III on the dev set: each row decoded at K_dec = K_train, its BLEU, repeats and latency (ms)."""
+    data = chapter.primary.data
+    rows = {}
+    for name, (model, _) in table3_runs(chapter).items():
+        outputs = translate_nat(model, data, "val", device)
+        rows[name] = {**bleu_with_and_without_dedup(outputs, data, "val"),
+                      "latency (ms)": 1000 * nat_latency(model, data, "val", device, n_latency)}
+    return rows
+
+
+def table4(chapter: ChapterRuns, device: torch.device) -> dict[str, list[dict[str, float]]]:
+    """Table IV on the primary direction's dev set: repeats on the short half, the long half and all of it, per
+    seed, for NAT-Base, Coverage-NAT w/o SCA (its phase-1 model: NAT-Base's updates), the β = 0 control of
+    Coverage-NAT's phase 2 (first seed, when the scale trains it) and Coverage-NAT."""
+    data, runs, k = chapter.primary.data, chapter.runs[chapter.primary.name], chapter.scale.coverage_iterations
+    lengths = source_lengths(data, "val")
+    models = {name: [runs[name, s].model for s in chapter.seeds] for name in (BASE, COV_P1)}
+    if beta_row(k, 0.0) in chapter.ablations:
+        models[beta_row(k, 0.0)] = [chapter.ablations[beta_row(k, 0.0)].model]
+    models[COV] = [runs[COV, s].model for s in chapter.seeds]
+    return {name: [repeats_by_half(translate_nat(m, data, "val", device), lengths) for m in ms]
+            for name, ms in models.items()}
+
+
+def kdec_sweep(model: CoverageNAT, data: TranslationData, device: torch.device,
+               ks: Sequence[int] = KDEC_SWEEP) -> dict[int, dict[str, float]]:
+    """Figure 2: the dev set decoded with K_dec = each of `ks` iterations, its BLEU and repeats."""
+    return {k: bleu_with_and_without_dedup(translate_nat(model, data, "val", device, iterations=k), data, "val")
+            for k in ks}
+
+
+def best_kdec(sweep: dict[int, dict[str, float]]) -> int:
+    """The K_dec with the best dev BLEU after repeat removal (the smallest on a tie)."""
+    return max(sweep, key=lambda k: (sweep[k][BLEU_DEDUP], -k))
+
+
+def speedups(table: Table2, runs: dict, direction: Direction, device: torch.device, seeds: Sequence[int],
+             n_latency: int) -> list[float]:
+    """Per seed: the AT teacher's latency over Coverage-NAT's, batch size 1, on the direction's test split (the
+    first seed's from Table II, the others' models timed here the same way)."""
+    n = min(n_latency, len(direction.data.encoded[direction.split]))
+    at = table.latency[AT]
+    return [at / table.latency[COV],
+            *(at / nat_latency(runs[COV, s].model, direction.data, direction.split, device, n) for s in seeds[1:])]
+
+
+def lpd_scores(table: Table2, runs: dict, direction: Direction, scale: NATScale, device: torch.device,
+               seeds: Sequence[int]) -> list[dict[str, float]]:
+    """Per seed: the test scores of LPD with AT rescoring on that seed's Coverage-NAT (the first from Table II)."""
+    out = [table.scores[lpd_name(scale)][0]]
+    for s in seeds[1:]:
+        ids = translate_lpd(runs[COV, s].model, direction.teacher, direction.data, direction.split, scale, device)
+        out.append(bleu_with_and_without_dedup(ids, direction.data, direction.split))
+    return out
+
+
+@dataclass
+class Evidence:
+    """What the claims read beside Table II, per seed where the chapter has several."""
+
+    table4: dict[str, list[dict[str, float]]]  # `table4`: system -> per seed, dev repeats (short, long, all)
+    table3: dict[str, dict[str, float]]  # `table3`: row -> its dev scores (first seed)
+    sweeps: list[dict[int, dict[str, float]]]  # per seed: `kdec_sweep` of Coverage-NAT w/o SCA
+    speedups: list[float]  # per seed: `speedups`
+    lpd: list[dict[str, float]]  # per seed: `lpd_scores`
+
+
+# ---- systems and floors ---------------------------------------------------------------------------------------
+
+def floor_systems(direction: Direction) -> dict[str, verdicts.System]:
+    """The floors of the direction's BLEU claims, on its test and dev sets: copying the source, and the best
+    constant output (the dev reference that scores best on the dev set). Filed under "BLEU (dedup)" beside the
+    NAT systems' BLEU after repeat removal; neither floor repeats tokens."""
+    corpora, name, split = direction.data.corpora, direction.name, direction.split
+    dev_refs, test_refs = corpora["val"].target, corpora[split].target
+    copy = {split: floors.copy_input(corpora[split].sources[0], test_refs),
+            DEV: floors.copy_input(corpora["val"].sources[0], dev_refs)}
+    sentence, on_test = floors.best_constant(dev_refs, test_refs)
+    constant = {split: on_test, DEV: corpus_score("bleu", [sentence] * len(dev_refs), dev_refs).score}
+    return {floor: verdicts.System(floor, {key: {BLEU_DEDUP: [value]} for key, value in values.items()})
+            for floor, values in ((copy_floor(name), copy), (constant_floor(name), constant))}
+
+
+def trained(name: str, scores: dict, records: Sequence[verdicts.RunRecord]) -> verdicts.System:
+    """A trained system: its budget is the most updates any seed had."""
+    return verdicts.System(name, scores, list(records), max(r.last_step for r in records))
+
+
+def columns(rows: Sequence[dict[str, float]]) -> dict[str, list[float]]:
+    """Per-seed score rows as one list per metric."""
+    return {key: [row[key] for row in rows] for key in rows[0]}
+
+
+def difference_system(name: str, values: Sequence[float],
+                      record_pairs: Sequence[tuple[verdicts.RunRecord, verdicts.RunRecord]]) -> verdicts.System:
+    """A per-seed difference of two systems' dev repeats. Seed k rests on both systems' seed-k runs: it is
+    converged only when both are (the record kept is one that did not converge, if any); its budget is the
+    larger of the two."""
+    def weakest(a, b):
+        stuck = [r for r in (a, b) if not r.converged()[0]]
+        return stuck[0] if stuck else max(a, b, key=lambda r: r.last_step)
+    runs = [weakest(a, b) for a, b in record_pairs]
+    return verdicts.System(name, {DEV: {REDUCTION: list(values)}}, runs,
+                           max(r.last_step for pair in record_pairs for r in pair))
+
+
+def chapter_systems(chapter: ChapterRuns, tables: dict[str, Table2], evidence: Evidence,
+                    floor_by_name: dict[str, verdicts.System]) -> dict[str, verdicts.System]:
+    """Every system the claims name, per seed in seed order: Table II's NAT systems of each direction, the
+    primary direction's analyses, Table III's rows, and the floors."""
+    systems = dict(floor_by_name)
+    for name, direction in chapter.directions.items():
+        lines = lineages(chapter, name)
+        for system in (BASE, COV):
+            scores = {direction.split: columns(tables[name].scores[system])}
+            systems[nat_name(system, name)] = trained(nat_name(system, name), scores, lines[system])
+    primary = chapter.primary.name
+    t4 = evidence.table4
+    systems[nat_name(BASE, primary)].scores[DEV] = {REPEATS: [r["all"] for r in t4[BASE]]}
+    systems[nat_name(COV, primary)].scores[DEV] = {REPEATS: [r["all"] for r in t4[COV]]}
+    systems[nat_name(COV, primary)].scores[chapter.primary.split][SPEEDUP] = list(evidence.speedups)
+    for system in (*analysis_systems(chapter, evidence), *table3_systems(chapter, evidence)):
+        systems[system.name] = system
+    return systems
+
+
+def analysis_systems(chapter: ChapterRuns, evidence: Evidence) -> list[verdicts.System]:
+    """The primary direction's systems beside Table II's: w/o SCA, LPD, NAT-Base on each half of the dev set, and
+    the repeat reductions that Table IV's claims compare."""
+    p, k, t4 = chapter.primary.name, chapter.scale.coverage_iterations, evidence.table4
+    lines = lineages(chapter, p)
+    out = [trained(nat_name(COV_P1, p), {DEV: {REPEATS: [r["all"] for r in t4[COV_P1]],
+                                               KDEC_GAP: [abs(best_kdec(s) - k) for s in evidence.sweeps]}},
+                   lines[COV_P1]),
+           trained(lpd_system(p), {chapter.primary.split: columns(evidence.lpd)}, lines[COV])]
+    for half in ("short", "long"):
+        out.append(trained(half_name(p, half), {DEV: {REPEATS: [r[half] for r in t4[BASE]]}}, lines[BASE]))
+        out.append(difference_system(reduction_name("Coverage-NAT", p, half),
+                                     [b[half] - c[half] for b, c in zip(t4[BASE], t4[COV])],
+                                     list(zip(lines[BASE], lines[COV]))))
+    out.append(difference_system(reduction_name("TCIR", p), [t4[BASE][0]["all"] - t4[COV_P1][0]["all"]],
+                                 [(lines[BASE][0], lines[COV_P1][0])]))
+    control = beta_row(k, 0.0)
+    if control in t4:  # SCA against its compute-matched control, on the control's one seed
+        out.append(difference_system(reduction_name("SCA", p), [t4[control][0]["all"] - t4[COV][0]["all"]],
+                                     [(table3_runs(chapter)[control][1], lines[COV][0])]))
+    return out
+
+
+def table3_systems(chapter: ChapterRuns, evidence: Evidence) -> list[verdicts.System]:
+    """Table III's rows but NAT-Base (which is NAT-Base's first seed): one seed each, on the dev set."""
+    return [verdicts.System(name, {DEV: {key: [evidence.table3[name][key]] for key in ("BLEU", BLEU_DEDUP, REPEATS)}},
+                            [record], record.last_step)
+            for name, (_, record) in table3_runs(chapter).items() if name != "NAT-Base"]

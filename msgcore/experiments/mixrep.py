@@ -23,7 +23,6 @@ chapter 0's run, taken from the run cache. `run_chapter(scale, device, out_dir, 
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,13 +31,12 @@ from typing import Iterable
 import torch
 from torch import Tensor
 
-from msgcore import runcache
+from msgcore import floors, runcache, verdicts
 from msgcore.batching import EncodedCorpus, collate, encode_corpus, example_lengths, token_batches
-from msgcore.claims import (INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim, Gate, failed_gates, judge_all,
-                            judge_paired, paired_evidence, seed_spread)
 from msgcore.data import Corpus
-from msgcore.experiments import (BASELINE_SCALES, RunResult, Scale, TranslationData, baseline_data, get_scale,
-                                 mean_std, paired_delta, prepare_translation, run_key, train_model)
+from msgcore.foundations.baselines import BASELINE_SCALES, baseline_data
+from msgcore.recipes import (RunResult, Scale, TranslationData, get_scale, mean_std, prepare_translation, run_key,
+                             train_model)
 from msgcore.generation import GenerationConfig
 from msgcore.metrics import corpus_score
 from msgcore.model import PRESETS, Transformer, preset
@@ -47,6 +45,7 @@ from msgcore.models.mixrep import (STREAMS, MixRepBatch, MixRepConfig, MixRepTra
 from msgcore.tokenizer import MODEL_TYPES, PAD_ID, Tokenizer
 from msgcore.trainer import Trainer, TrainConfig, translate_encoded
 from msgcore.utils import DataError, MsgcoreError
+from msgcore.verdicts import Claim, Gate, System
 
 
 def train_tokenizers(texts: Iterable[str], *, vocab_size: int = 8000, bpe_vocab_size: int | None = None,
@@ -537,7 +536,7 @@ def table2_runs(ch: Chapter, direction: str) -> None:
 def table8_direction(ch: Chapter, direction: str) -> Direction:
     """The direction with BPE mixed with another BPE (Table 8): the "sp" stream is BPE at `table8_vocab`.
 
-    # Deviation: §5.3 mixes BPE with WordPiece (~10k); the issue allows BPE at another vocabulary size, which
+    # Deviation: §5.3 mixes BPE with WordPiece (~10k); here BPE at another vocabulary size, which
     # sentencepiece trains without a second tokenizer library."""
     source, target = (lang.lower() for lang in direction.split("→"))
     pair = pair_tokenizers(source, target, ch.recipe, ch.seed, ch.scale_name == "smoke", sp_type="bpe",
@@ -644,27 +643,20 @@ def seeds_of(ch: Chapter, direction: str, system: str, column: str) -> list[int]
     return sorted(s for d, name, c, s in ch.runs if (d, name, c) == (direction, system, column))
 
 
+def seed_bleu(ch: Chapter, direction: str, system: str, column: str, seed: int) -> float:
+    """Test BLEU of one seed's run of one column."""
+    return corpus_score("bleu", outputs(ch, direction, system, column, seed), references(ch, direction)).score
+
+
 def bleu(ch: Chapter, direction: str, system: str, column: str) -> list[float]:
-    """Test BLEU of every seed of one column."""
-    refs = references(ch, direction)
-    return [corpus_score("bleu", outputs(ch, direction, system, column, s), refs).score
-            for s in seeds_of(ch, direction, system, column)]
+    """Test BLEU of every seed of one column, in seed order."""
+    return [seed_bleu(ch, direction, system, column, s) for s in seeds_of(ch, direction, system, column)]
 
 
 def cell(ch: Chapter, direction: str, system: str, column: str) -> str:
     """A table cell: mean ± std over seeds, or NOT_RUN."""
     scores = bleu(ch, direction, system, column)
     return mean_std(scores) if scores else NOT_RUN
-
-
-def paired(ch: Chapter, direction: str, system: str, column: str, baseline: str,
-           base_column: str | None = None) -> list[tuple[float, float]]:
-    """(system − baseline BLEU, paired-bootstrap p) for every seed both have, seed paired with seed."""
-    base_column = base_column or column
-    refs = references(ch, direction)
-    common = [s for s in seeds_of(ch, direction, system, column) if s in seeds_of(ch, direction, baseline, base_column)]
-    return [paired_delta(refs, outputs(ch, direction, baseline, base_column, s),
-                         outputs(ch, direction, system, column, s), "bleu", ch.scale.n_bootstrap) for s in common]
 
 
 def results_table(ch: Chapter, rows: dict[str, str | None], paper: dict, directions: list[str],
@@ -705,24 +697,42 @@ def transformer_key(data: TranslationData, recipe: Scale, seed: int, train: Enco
                    data.encoded["val"], data.corpora["val"].target, device=device)
 
 
+def key_gate_name(direction: str) -> str:
+    return f"{direction}: the narrow SP baseline is chapter 0's run (same run-cache key)"
+
+
+def baseline_gate_name(direction: str) -> str:
+    return f"{direction}: narrow SP baseline test BLEU (worst seed)"
+
+
+def system_gate_name(direction: str, system: str, column: str) -> str:
+    return f"{direction}: {system} ({column}) test BLEU (worst seed)"
+
+
+def co_teaching_gate_name(direction: str) -> str:
+    return f"{direction}: co-teaching targets' BLEU vs the training references (worst decoder and seed)"
+
+
+def wide_gate_name(direction: str) -> str:
+    return f"{direction}: wide Transformer's parameters / MixRep's"
+
+
 def baseline_gates(ch: Chapter, direction: str, keys: dict[str, str]) -> list[Gate]:
     """The narrow SP baseline is sane: it is chapter 0's run where chapter 0 has one (De→En, En→De), and it
     reaches chapter 0's gate (De→En) or the chapter's minimum BLEU (every seed)."""
     gates = []
     if direction in keys:
         ours = transformer_key(ch.directions[direction].data[SP], ch.recipe, ch.seed, device=ch.device)
-        gates.append(Gate(f"{direction}: the narrow SP baseline is chapter 0's run (same run-cache key)",
-                          float(ours == keys[direction]), 1.0))
+        gates.append(Gate(key_gate_name(direction), float(ours == keys[direction]), 1.0))
     bar = ch.scale.baseline_min_bleu if direction == "De→En" else ch.scale.min_bleu
-    gates.append(Gate(f"{direction}: narrow SP baseline test BLEU (worst seed)", min(bleu(ch, direction, NARROW, SP)),
-                      bar))
+    gates.append(Gate(baseline_gate_name(direction), min(bleu(ch, direction, NARROW, SP)), bar))
     return gates
 
 
 def system_gate(ch: Chapter, direction: str, system: str, column: str) -> Gate:
     """The system trained: its test BLEU (worst seed) reaches the scale's minimum."""
-    return Gate(f"{direction}: {system} ({column}) test BLEU (worst seed)",
-                min(bleu(ch, direction, system, column)), ch.scale.min_bleu)
+    return Gate(system_gate_name(direction, system, column), min(bleu(ch, direction, system, column)),
+                ch.scale.min_bleu)
 
 
 def co_teaching_bleu(ch: Chapter, direction: str, seed: int) -> dict[str, float]:
@@ -736,157 +746,138 @@ def co_teaching_bleu(ch: Chapter, direction: str, seed: int) -> dict[str, float]
 
 
 def co_teaching_gate(ch: Chapter, direction: str) -> list[Gate]:
-    if not ch.co_teaching:
+    """The co-teaching targets are sensible translations of the training set (where co-teaching ran)."""
+    seeds = [s for s in ch.seeds if (direction, s) in ch.co_teaching]
+    if not seeds:
         return []
-    worst = min(min(co_teaching_bleu(ch, direction, s).values()) for s in ch.seeds)
-    return [Gate(f"{direction}: co-teaching targets' BLEU vs the training references (worst decoder and seed)",
-                 worst, ch.scale.min_co_teaching_bleu)]
+    worst = min(min(co_teaching_bleu(ch, direction, s).values()) for s in seeds)
+    return [Gate(co_teaching_gate_name(direction), worst, ch.scale.min_co_teaching_bleu)]
 
 
 def wide_gate(ch: Chapter, direction: str) -> list[Gate]:
     """The wide baseline is the fair comparison only if it has at least MixRep's parameters."""
     wide, mix = parameters(ch, direction, WIDE), parameters(ch, direction, MIXREP)
-    return [] if wide is None else [Gate(f"{direction}: wide Transformer's parameters / MixRep's", wide / mix, 1.0)]
+    return [] if wide is None or mix is None else [Gate(wide_gate_name(direction), wide / mix, 1.0)]
 
 
-# ---- claims ----------------------------------------------------------------------------------------------
-
-@dataclass
-class ClaimSpec:
-    """A paired comparison the paper claims: `system` beats `baseline` (BLEU) on `column`, by `at_least`."""
-
-    claim: str
-    paper: str  # the paper's figure, quoted
-    direction: str
-    system: str
-    baseline: str
-    column: str = SP
-    base_column: str | None = None  # the baseline's column when it differs (e.g. the other decoder)
-    at_least: float = 0.0  # the paper's own margin (rule 2), e.g. "more than 1.0"
+def trained_columns(ch: Chapter) -> list[tuple[str, str, str]]:
+    """(direction, system, column) of every column the chapter trained, in training order."""
+    return list(dict.fromkeys((d, system, column) for d, system, column, _ in ch.runs))
 
 
-def judge_margin(deltas, p_values, at_least: float, spread: float, gates) -> str:
-    """judge_paired, then rule 2: a significant gain below the paper's margin is not the paper's claim.
-    One seed gives no seed spread to measure a difference against (rule 3), so its verdict is at most
-    inconclusive: at `small`, the same MixRep run trained with another SDPA kernel moved by more than 1 BLEU."""
-    verdict = judge_paired(deltas, p_values, spread=spread, gates=gates)
-    if verdict == REPRODUCED and statistics.mean(deltas) < at_least:
-        verdict = NOT_REPRODUCED
-    if len(deltas) < 2 and verdict in (REPRODUCED, NOT_REPRODUCED):
-        return INCONCLUSIVE
-    return verdict
+def chapter_gates(ch: Chapter, claims: list[Claim] | None = None) -> list[Gate]:
+    """Every gate of what this scale ran (per direction: the baseline's, co-teaching's, the wide baseline's and
+    each system's minimum BLEU); with `claims`, only the gates they rest on."""
+    keys, gates = chapter0_keys(ch), []
+    for d in ch.directions:
+        if seeds_of(ch, d, NARROW, SP):
+            gates += baseline_gates(ch, d, keys)
+        gates += [*co_teaching_gate(ch, d), *wide_gate(ch, d)]
+        gates += [system_gate(ch, d, system, column) for d_, system, column in trained_columns(ch) if d_ == d]
+    if claims is None:
+        return gates
+    named = {name for claim in claims for name in claim.gates}
+    return [gate for gate in gates if gate.name in named]
 
 
-def judge_spec(ch: Chapter, spec: ClaimSpec, gates: list[Gate]) -> Claim | None:
-    """The spec's Claim, or None when one of its systems was not run at this scale."""
-    base_column = spec.base_column or spec.column
-    if not (seeds_of(ch, spec.direction, spec.system, spec.column)
-            and seeds_of(ch, spec.direction, spec.baseline, base_column)):
-        return None
-    deltas, p_values = zip(*paired(ch, spec.direction, spec.system, spec.column, spec.baseline, spec.base_column))
-    ours = [bleu(ch, spec.direction, spec.system, spec.column), bleu(ch, spec.direction, spec.baseline, base_column)]
-    spread = seed_spread(*ours)
-    evidence = (f"{mean_std(ours[0])} vs {mean_std(ours[1])}: {paired_evidence(deltas, p_values)}; "
-                f"{len(deltas)} seed(s), seed spread " + (f"{spread:.2f}" if len(deltas) > 1 else "unmeasured"))
-    gates = [*gates, system_gate(ch, spec.direction, spec.system, spec.column),
-             system_gate(ch, spec.direction, spec.baseline, base_column)]
-    return Claim(spec.claim, spec.paper, evidence, judge_margin(deltas, p_values, spec.at_least, spread, gates))
+# ---- the evidence: every system's per-seed scores and runs, the floors, the learning curve's gains --------
+
+FLOORS = ("copy input", "best constant")
+TWO_STAGE = {COTEACH: MIXREP, SELF_TRAIN: WIDE}  # a two-stage system -> the system its stage 2 starts from
+METRIC = "BLEU"  # cased, detokenized sacreBLEU on the scale's test split
 
 
-def paper_pair(table: dict, system: str, baseline: str, direction: str, column: str) -> str:
-    """"35.25 vs 34.39, +0.86": the paper's two cells for a direction and column (De↔En only)."""
-    k = 0 if column == BPE else 1
-    try:
-        a, b = table[system][direction][k], table[baseline][direction][k]
-    except KeyError:
-        return f"not reported for {direction} (Table 3 has no such pair)"
-    return f"{a:.2f} vs {b:.2f}, {a - b:+.2f}"
+def system_name(direction: str, system: str, column: str) -> str:
+    """A system of the scoreboard: one column (a tokenizer, or a MixRep decoder) of one system, one direction."""
+    return f"{system} [{column}] {direction}"
 
 
-def table3_specs(direction: str) -> list[ClaimSpec]:
-    """Table 3's claims (§4.1.2) in one direction, with the paper's own cells (De↔En) beside."""
-    t3 = PAPER_TABLE3
-    pp = lambda s, b, c: paper_pair(t3, s, b, direction, c)  # noqa: E731
-    specs = [ClaimSpec("The wide Transformer beats the narrow one (T512 > T256)",
-                       pp("Transformer_512", "Transformer_256", SP), direction, WIDE, NARROW)]
-    for column in (SP, BPE):
-        specs.append(ClaimSpec(f"MixRep beats the narrow Transformer of its width ({column} output)",
-                               pp("Our model", "Transformer_256", column), direction, MIXREP, NARROW, column))
-    for column in (SP, BPE):
-        specs.append(ClaimSpec(f"MixRep beats the wide Transformer by 0.5 BLEU, the parameter-matched comparison "
-                               f"({column})", pp("Our model", "Transformer_512", column) + "; the text: \"by 0.5 "
-                               "points for most tasks\" (6 of its 24 cells)", direction, MIXREP, WIDE, column,
-                               at_least=0.5))
-    specs += [ClaimSpec("Co-teaching adds more than 1.0 BLEU to MixRep (SP)", pp("+ co-teaching", "Our model", SP) +
-                        "; the text: \"on 11 out of 12 tasks\"", direction, COTEACH, MIXREP, SP, at_least=1.0),
-              ClaimSpec("After co-teaching the BPE decoder is slightly better than the SP decoder",
-                        decoders_pair(direction), direction, COTEACH, COTEACH, BPE, base_column=SP)]
-    return specs
+def floor_name(floor: str, direction: str) -> str:
+    return f"{floor} {direction}"
 
 
-def decoders_pair(direction: str) -> str:
-    """"BPE 36.41 vs SP 36.31, +0.10": the paper's two decoders after co-teaching (§4.1.2, En↔De)."""
-    cells = PAPER_TABLE3["+ co-teaching"].get(direction)
-    return f"BPE {cells[0]:.2f} vs SP {cells[1]:.2f}, {cells[0] - cells[1]:+.2f}" if cells else \
-        f"not reported for {direction}"
+def curve_gain_name(which: str, direction: str) -> str:
+    """The learning curve's derived system: MixRep's per-seed gain over the narrow baseline (SP output)."""
+    return f"MixRep − narrow Transformer [SP], {which} {direction}"
 
 
-def extra_specs(direction: str, scale: MixRepScale) -> list[ClaimSpec]:
-    """Tables 6, 7 and 8's claims in one direction."""
-    t6 = {**PAPER_TABLE3, **PAPER_TABLE6}
-    t7 = {**PAPER_TABLE3, **PAPER_TABLE7}
-    st = "Transformer_512 + co-teaching"
-    w8 = table8_column(scale)
-    return [
-        ClaimSpec("Mixed beats stacked representations (Table 6, SP)", paper_pair(t6, "Our model", "Stacked", direction,
-                                                                                   SP), direction, MIXREP, STACKED),
-        ClaimSpec("Co-teaching with one tokenizer (self-training) improves the wide Transformer (Table 7, SP)",
-                  paper_pair(t7, st, "Transformer_512", direction, SP), direction, SELF_TRAIN, WIDE),
-        ClaimSpec("Two-tokenizer co-teaching beats one-tokenizer co-teaching (Table 7 vs Table 3, SP)",
-                  paper_pair(t7, "+ co-teaching", st, direction, SP), direction, COTEACH, SELF_TRAIN),
-        ClaimSpec(f"MixRep of BPE and {w8} beats the single-tokenizer baseline (Table 8, BPE output)",
-                  paper_pair(PAPER_TABLE8, "Our model", "Transformer_512", direction, BPE) + " (BPE + WordPiece, vs "
-                  "Transformer_512)", direction, table8_system(scale), NARROW, BPE),
-        ClaimSpec(f"MixRep of BPE and {w8} beats the single-tokenizer baseline (Table 8, {w8} output)",
-                  paper_pair(PAPER_TABLE8, "Our model", "Transformer_512", direction, SP) + " (WordPiece output)",
-                  direction, table8_system(scale), NARROW, w8)]
+def run_updates(run: RunResult) -> int:
+    return max((row["step"] for row in run.history), default=0)
 
 
-def chapter_specs(ch: Chapter) -> list[ClaimSpec]:
-    specs = [spec for s, t in ch.scale.directions for spec in table3_specs(direction_name(s, t))]
-    directions = [direction_name(s, t) for s, t in ch.scale.extra_directions] or [ch.primary.name]
-    return specs + [spec for d in directions for spec in extra_specs(d, ch.scale)]
+def seed_updates(ch: Chapter, direction: str, system: str, column: str, seed: int) -> int:
+    """One seed's updates, every stage summed (stage 1 included for co-teaching and self-training)."""
+    total = run_updates(ch.runs[direction, system, column, seed].run)
+    if system in TWO_STAGE:
+        total += run_updates(ch.runs[direction, TWO_STAGE[system], column, seed].run)
+    return total
 
 
-def direction_gates(ch: Chapter, direction: str, keys: dict[str, str]) -> list[Gate]:
-    return [*baseline_gates(ch, direction, keys), *co_teaching_gate(ch, direction), *wide_gate(ch, direction)]
+def patience(ch: Chapter, system: str) -> int:
+    """The early-stopping patience of the run that ends `system`'s training (stage 2 for a two-stage system)."""
+    return (ch.scale.co_teaching if system in TWO_STAGE else ch.recipe.train).patience
 
 
-def judge_table2(ch: Chapter, keys: dict[str, str]) -> Claim | None:
-    """Table 2's "no tokenizer wins everywhere" (C1): reproduced when BPE wins significantly in one direction and
-    SP in another, not reproduced when one of them wins significantly in every direction, else inconclusive."""
-    directions = [d for d in ch.directions if seeds_of(ch, d, NARROW, BPE) and seeds_of(ch, d, NARROW, SP)]
-    if len(directions) < 2:
-        return None
-    winners, evidence, gates = {}, [], []
-    for d in directions:
-        deltas, p_values = zip(*paired(ch, d, NARROW, BPE, NARROW, SP))
-        verdict = judge_paired(deltas, p_values, spread=seed_spread(bleu(ch, d, NARROW, BPE), bleu(ch, d, NARROW, SP)))
-        winners[d] = {REPRODUCED: BPE, NOT_REPRODUCED: SP}.get(verdict)
-        evidence.append(f"{d} BPE − SP {paired_evidence(deltas, p_values)}")
-        gates += [*baseline_gates(ch, d, keys), system_gate(ch, d, NARROW, BPE)]
-    if blocked := failed_gates(gates):
-        verdict = blocked
-    elif {BPE, SP} <= set(winners.values()):
-        verdict = REPRODUCED
-    elif None not in winners.values() and len(set(winners.values())) == 1:
-        verdict = NOT_REPRODUCED
-    else:
-        verdict = INCONCLUSIVE
-    return Claim("No tokenizer is best everywhere (Table 2: the winner changes with the direction)",
-                 "BPE / SP / WP: " + ", ".join(f"{d} " + " / ".join(f"{v:.2f}" for v in cells.values())
-                                               for d, cells in PAPER_TABLE2.items())
-                 + "; spreads of 0.11-0.35, no significance test", "; ".join(evidence), verdict)
+def trained_system(ch: Chapter, direction: str, system: str, column: str) -> System:
+    """One column's evidence: test BLEU per seed, the dev curve of the run that ends each seed's training, and
+    the updates of every stage."""
+    seeds = seeds_of(ch, direction, system, column)
+    return verdicts.trained_system(
+        system_name(direction, system, column), {ch.scale.test_split: {METRIC: bleu(ch, direction, system, column)}},
+        [ch.runs[direction, system, column, s].run.history for s in seeds], patience(ch, system),
+        updates=max(seed_updates(ch, direction, system, column, s) for s in seeds))
+
+
+def floor_systems(ch: Chapter) -> dict[str, System]:
+    """Per claimed direction: copying the source, and the best constant output (chosen among the first dev
+    references on the dev set, never on the test set), scored on the test sentences every system is scored on."""
+    out = {}
+    for d in (d for d in DIRECTIONS if d in ch.directions):
+        corpora, refs = ch.directions[d].data["mix"].corpora, references(ch, d)
+        sources = list(corpora[ch.scale.test_split].sources[0][:len(refs)])
+        _, constant = floors.best_constant(list(corpora["val"].target), refs, "bleu")
+        for floor, value in (("copy input", floors.copy_input(sources, refs, "bleu")), ("best constant", constant)):
+            out[floor_name(floor, d)] = verdicts.floor_system(floor_name(floor, d), ch.scale.test_split, METRIC, value)
+    return out
+
+
+def gain_system(ch: Chapter, name: str, mixrep: str, narrow: str, seeds: list[int]) -> System:
+    """MixRep − narrow SP baseline test BLEU per seed, on the first direction; its runs are both systems' (MixRep's
+    first), so that either one under-trained blocks the claim."""
+    d = ch.primary.name
+    gains = [seed_bleu(ch, d, mixrep, SP, s) - seed_bleu(ch, d, narrow, SP, s) for s in seeds]
+    histories = [ch.runs[d, system, SP, s].run.history for system in (mixrep, narrow) for s in seeds]
+    return verdicts.trained_system(name, {ch.scale.test_split: {METRIC: gains}}, histories, ch.recipe.train.patience,
+                                   updates=max(run_updates(ch.runs[d, mixrep, SP, s].run) for s in seeds))
+
+
+def curve_systems(ch: Chapter) -> dict[str, System]:
+    """The learning curve's two gains: on the fewest training pairs, and on all of them (the seeds the curve has)."""
+    if not ch.scale.curve_sizes:
+        return {}
+    d, n = ch.primary.name, min(ch.scale.curve_sizes)
+    seeds = seeds_of(ch, d, curve_name(MIXREP, n), SP)
+    pairs = {curve_gain_name("fewest pairs", d): (curve_name(MIXREP, n), curve_name(NARROW, n)),
+             curve_gain_name("all pairs", d): (MIXREP, NARROW)}
+    return {name: gain_system(ch, name, mixrep, narrow, seeds) for name, (mixrep, narrow) in pairs.items()}
+
+
+def chapter_systems(ch: Chapter) -> dict[str, System]:
+    """Every system the claims can name: each trained column, the floors, the learning curve's gains."""
+    trained = {system_name(d, s, c): trained_system(ch, d, s, c) for d, s, c in trained_columns(ch)}
+    return {**trained, **floor_systems(ch), **curve_systems(ch)}
+
+
+def evidence_table(systems: dict[str, System], test_set: str, metric: str = METRIC) -> list[dict]:
+    """One row per system: its test score per seed, its updates (every stage), and whether each run converged."""
+    rows = []
+    for s in systems.values():
+        values = s.values(test_set, metric) or []
+        rows.append({"system": s.name, "seeds": len(values), f"test {metric}": mean_std(values) if values else "–",
+                     "per seed": ", ".join(f"{v:.2f}" for v in values) or "–",
+                     "updates": "–" if s.updates is None else s.updates,
+                     "converged (per run)": ", ".join("yes" if r.converged()[0] else "no" for r in s.runs) or "–"})
+    return rows
 
 
 def curve_gains(ch: Chapter) -> dict[int, float]:
@@ -900,43 +891,168 @@ def curve_gains(ch: Chapter) -> dict[int, float]:
     return gains
 
 
-def judge_curve(ch: Chapter, keys: dict[str, str]) -> Claim | None:
-    """C12, asserted in §1 and never tested: MixRep's gain over the baseline is larger with less data."""
-    if not ch.scale.curve_sizes:
+# ---- claims, declared before any run ----------------------------------------------------------------------
+
+DIRECTIONS = ("De→En", "En→De")  # the claims' directions: the paper's En↔De columns (chapter 0 trains both)
+# Measured at `small` (chapter 0's recipe, 2 CPU threads; this chapter's runs table): seconds per update, updates
+SMALL_THROUGHPUT = {NARROW: (0.41, 1464), MIXREP: (0.94, 1488)}
+MULTI30K_PAIRS = 29_000
+PAPER_ROWS = {NARROW: "Transformer_256", WIDE: "Transformer_512", MIXREP: "Our model", COTEACH: "+ co-teaching",
+              STACKED: "Stacked", SELF_TRAIN: "Transformer_512 + co-teaching"}
+
+
+def paper_cells(table: dict, system_row: str, base_row: str, direction: str, column: str,
+                base_column: str | None = None) -> tuple[float, float] | None:
+    """The paper's two cells (system, baseline) for a direction and column (BPE first, then SP/WP), or None."""
+    k, j = (0 if c == BPE else 1 for c in (column, base_column or column))
+    try:
+        return table[system_row][direction][k], table[base_row][direction][j]
+    except KeyError:
         return None
-    d = ch.primary.name
-    gains = curve_gains(ch)
-    smallest, full = gains[min(gains)], gains[max(gains)]
-    gates = [*baseline_gates(ch, d, keys), *(system_gate(ch, d, curve_name(s, n), SP)
-                                             for n in ch.scale.curve_sizes for s in (NARROW, MIXREP))]
-    spread = seed_spread(bleu(ch, d, MIXREP, SP), bleu(ch, d, NARROW, SP))
-    return Claim("MixRep helps more with less data (\"works well in the low-resource setting\", §1)",
-                 "asserted, not tested in the paper",
-                 "; ".join(f"{n:,} pairs: {g:+.2f}" for n, g in gains.items()) + f" (seed spread {spread:.2f})",
-                 judge_all([smallest > full], gates, spread_ok=smallest - full > spread))
 
 
-def chapter_claims(ch: Chapter) -> tuple[list[Claim], list[dict]]:
-    """(the scoreboard, the claims not run at this scale with the paper's figures)."""
-    keys = chapter0_keys(ch)
-    claims, not_run, gates = [], [], {}
-    for spec in chapter_specs(ch):
-        if spec.direction not in gates:
-            gates[spec.direction] = direction_gates(ch, spec.direction, keys)
-        claim = judge_spec(ch, spec, gates[spec.direction])
-        if claim is None:
-            not_run.append({"claim": f"{spec.claim} [{spec.direction}]", "paper": spec.paper, "ours": NOT_RUN})
+def paper_pair(table: dict, system_row: str, base_row: str, direction: str, column: str,
+               base_column: str | None = None) -> str:
+    """"35.25 vs 34.39, +0.86": the paper's two cells for a direction and column (De↔En only)."""
+    cells = paper_cells(table, system_row, base_row, direction, column, base_column)
+    if cells is None:
+        return f"not reported for {direction}"
+    return f"{cells[0]:.2f} vs {cells[1]:.2f}, {cells[0] - cells[1]:+.2f}"
+
+
+def full_scale_note(seeds: int) -> str:
+    """What the `full` scale does with a claim whose systems it trains with `seeds` seeds."""
+    few = f" with {seeds} seed{'s' if seeds > 1 else ''} (indicative at most)" if seeds < verdicts.MIN_SEEDS else ""
+    return f"the `full` scale runs it on one GPU{few}"
+
+
+def claim_cost(systems: list[str], full_seeds: int) -> str:
+    """What deciding a claim takes: `MIN_SEEDS` runs of each of its systems, in CPU-hours at the `small` recipe
+    (2 CPU threads) where this chapter measured the throughput, else in words; and what the `full` scale runs."""
+    timed_, untimed = [], []
+    for system in dict.fromkeys(systems):
+        if system in SMALL_THROUGHPUT:
+            seconds, updates = SMALL_THROUGHPUT[system]
+            timed_.append(f"{system} {verdicts.cpu_hours(verdicts.MIN_SEEDS, updates, seconds)}")
         else:
-            claims.append(dataclasses.replace(claim, claim=f"{claim.claim} [{spec.direction}]"))
-    for judge, text, paper in ((judge_table2, "No tokenizer is best everywhere (Table 2)",
-                                "De→En 34.84 / 34.77 / 34.91 (BPE / SP / WP), En→De 28.80 / 28.45 / 28.71"),
-                               (judge_curve, "MixRep helps more with less data (§1)", "asserted, not tested")):
-        claim = judge(ch, keys)
-        if claim is None:
-            not_run.append({"claim": text, "paper": paper, "ours": NOT_RUN})
-        else:
-            claims.append(claim)
-    return claims, not_run
+            untimed.append(f"{system} not timed on a CPU")
+    return (f"{verdicts.MIN_SEEDS} seeds at `small` on 2 CPU threads: " + "; ".join(timed_ + untimed)
+            + "; " + full_scale_note(full_seeds))
+
+
+def comparison(scale: MixRepScale, id: str, claim: str, paper: str, direction: str, system: str, baseline: str,
+               column: str = SP, base_column: str | None = None, table: dict = PAPER_TABLE3,
+               margin: float | None = None, single_source: tuple[str, ...] = (), gates: tuple[str, ...] = (),
+               full_seeds: int = MIXREP_SCALES["full"].seeds) -> Claim:
+    """A "better" claim on test BLEU: `system` (its `column`) beats `baseline` (its `base_column`) in `direction`,
+    by the paper's own delta (half of it is the smallest effect of interest unless `margin` says otherwise).
+    `single_source`: the columns of the narrow Transformer a multi-source system must not fall below;
+    `full_seeds`: the seeds the `full` scale trains of its systems (for the cost line)."""
+    base_column = base_column or column
+    rows = [name if name in table else PAPER_ROWS.get(name, name) for name in (system, baseline)]
+    cells = paper_cells(table, *rows, direction, column, base_column)
+    return Claim(id=f"{id} {direction}", claim=f"{claim} [{direction}]", paper=paper, kind="better",
+                 system=system_name(direction, system, column), baseline=system_name(direction, baseline, base_column),
+                 metric=METRIC, test_set=scale.test_split, margin=margin,
+                 paper_delta=None if cells is None else round(cells[0] - cells[1], 2),
+                 floors=tuple(floor_name(floor, direction) for floor in FLOORS),
+                 single_source=tuple(system_name(direction, NARROW, c) for c in single_source),
+                 gates=(key_gate_name(direction), baseline_gate_name(direction),
+                        system_gate_name(direction, system, column), system_gate_name(direction, baseline, base_column),
+                        *gates),
+                 cost=claim_cost([system, baseline], full_seeds))
+
+
+def table2_claims(scale: MixRepScale, d: str) -> list[Claim]:
+    """Table 2's cell in one direction: BPE beats SP with the same (narrow) Transformer. The table's point, that
+    no tokenizer is best everywhere, rests on WordPiece and on En→Ro, which the book does not have."""
+    bpe, sp, wp = (PAPER_TABLE2[d][k] for k in ("BPE", "SP", "WP"))
+    table = {NARROW: {d: (bpe, sp)}}
+    paper = f"BPE {bpe:.2f} vs SP {sp:.2f}, {bpe - sp:+.2f} (WP {wp:.2f}); no significance test"
+    return [comparison(scale, "T2 BPE>SP", "BPE beats SP with a single-tokenizer Transformer (Table 2's cell; "
+                       "the table's point: no tokenizer is best everywhere)", paper, d, NARROW, NARROW, BPE, SP,
+                       table=table)]
+
+
+def table3_claims(scale: MixRepScale, d: str) -> list[Claim]:
+    """Table 3's claims (§4.1.2) in one direction, with the paper's own cells."""
+    def pp(system: str, baseline: str, column: str, base_column: str | None = None) -> str:
+        return paper_pair(PAPER_TABLE3, PAPER_ROWS[system], PAPER_ROWS[baseline], d, column, base_column)
+    out = [comparison(scale, "T3 wide>narrow", "The wide Transformer beats the narrow one (T512 > T256, SP)",
+                      pp(WIDE, NARROW, SP), d, WIDE, NARROW)]
+    for column in (SP, BPE):
+        out.append(comparison(scale, f"T3 MixRep>narrow {column}", f"MixRep beats the narrow Transformer of its "
+                              f"width ({column} output)", pp(MIXREP, NARROW, column), d, MIXREP, NARROW, column))
+    for column in (SP, BPE):
+        out.append(comparison(
+            scale, f"T3 MixRep>wide {column}", f"MixRep beats the wide Transformer by 0.5 BLEU, the "
+            f"parameter-matched comparison ({column})", pp(MIXREP, WIDE, column) + "; the text: \"by 0.5 points for "
+            "most tasks\" (6 of its 24 cells)", d, MIXREP, WIDE, column, margin=0.5, single_source=(column,),
+            gates=(wide_gate_name(d),)))
+    coteach = (co_teaching_gate_name(d),)
+    return out + [
+        comparison(scale, "T3 co-teaching", "Co-teaching adds more than 1.0 BLEU to MixRep (SP)",
+                   pp(COTEACH, MIXREP, SP) + "; the text: \"on 11 out of 12 tasks\"", d, COTEACH, MIXREP, SP,
+                   margin=1.0, single_source=(SP,), gates=coteach),
+        comparison(scale, "T3 decoders", "After co-teaching the BPE decoder is slightly better than the SP decoder",
+                   "BPE " + pp(COTEACH, COTEACH, BPE, SP).replace(" vs ", " vs SP ", 1), d, COTEACH, COTEACH, BPE, SP,
+                   single_source=(BPE,), gates=coteach)]
+
+
+def extra_claims(scale: MixRepScale, d: str) -> list[Claim]:
+    """Tables 6, 7 and 8's claims in one direction."""
+    t6, t7 = {**PAPER_TABLE3, **PAPER_TABLE6}, {**PAPER_TABLE3, **PAPER_TABLE7}
+    t8 = {table8_system(scale): PAPER_TABLE8["Our model"], NARROW: PAPER_TABLE8["Transformer_512"]}
+    w8 = table8_column(scale)
+    rows = PAPER_ROWS
+    out = [
+        comparison(scale, "T6 mixed>stacked", "Mixed beats stacked representations (Table 6, SP)",
+                   paper_pair(t6, rows[MIXREP], rows[STACKED], d, SP), d, MIXREP, STACKED, table=t6,
+                   single_source=(SP,), full_seeds=1),
+        comparison(scale, "T7 self-training", "Co-teaching with one tokenizer (self-training) improves the wide "
+                   "Transformer (Table 7, SP)", paper_pair(t7, rows[SELF_TRAIN], rows[WIDE], d, SP), d, SELF_TRAIN,
+                   WIDE, table=t7, full_seeds=1),
+        comparison(scale, "T7 two>one tokenizer", "Two-tokenizer co-teaching beats one-tokenizer co-teaching (Table 7 "
+                   "vs Table 3, SP)", paper_pair(t7, rows[COTEACH], rows[SELF_TRAIN], d, SP), d, COTEACH, SELF_TRAIN,
+                   table=t7, single_source=(SP,), gates=(co_teaching_gate_name(d),), full_seeds=1)]
+    for column, paper_column in ((BPE, "BPE"), (w8, "WordPiece")):
+        out.append(comparison(
+            scale, f"T8 {column}", f"MixRep of BPE and {w8} beats the single-tokenizer baseline (Table 8, {column} "
+            "output)", paper_pair(t8, table8_system(scale), NARROW, d, column) + f" ({paper_column} output of BPE + "
+            "WordPiece, vs Transformer_512)", d, table8_system(scale), NARROW, column, table=t8, full_seeds=1))
+    return out
+
+
+def curve_claim(scale: MixRepScale) -> Claim:
+    """§1's low-resource claim, never tested in the paper: MixRep's gain over the narrow baseline is larger on the
+    fewest training pairs of the learning curve than on all of them (first seed of each)."""
+    d = DIRECTIONS[0]
+    sizes = scale.curve_sizes or MIXREP_SCALES["full"].curve_sizes
+    n = min(sizes)
+    gates = [key_gate_name(d), baseline_gate_name(d)]
+    if scale.curve_sizes:
+        gates += [system_gate_name(d, curve_name(s, n), SP) for s in (MIXREP, NARROW)]
+        gates += [system_gate_name(d, s, SP) for s in (MIXREP, NARROW)]
+    seconds = sum(verdicts.MIN_SEEDS * updates * size / MULTI30K_PAIRS * per_update
+                  for per_update, updates in SMALL_THROUGHPUT.values() for size in sizes)
+    return Claim(id=f"§1 low-resource {d}", claim=f"MixRep helps more with less data (\"works well in the "
+                 f"low-resource setting\", §1): its gain on the first {n:,} training pairs exceeds its gain on all of "
+                 f"them [{d}]", paper="asserted, not tested in the paper", kind="better",
+                 system=curve_gain_name("fewest pairs", d), baseline=curve_gain_name("all pairs", d), metric=METRIC,
+                 test_set=scale.test_split, gates=tuple(gates),
+                 cost=f"{verdicts.MIN_SEEDS} seeds of the narrow Transformer and MixRep on the first "
+                      f"{' and '.join(f'{s:,}' for s in sizes)} training pairs: about {seconds / 3600:.1f} CPU-hours "
+                      "at `small` on 2 CPU threads (measured seconds per update; updates in proportion to the pairs); "
+                      + full_scale_note(1))
+
+
+def declared_claims(scale_name: str) -> list[Claim]:
+    """The chapter's claims, declared before any run: Table 2's and Table 3's En↔De cells, Tables 6-8 and §1's
+    low-resource claim. The same claims at every scale; one whose systems a scale does not train is "not run", with
+    what deciding it would cost."""
+    scale = get_scale(MIXREP_SCALES, scale_name)
+    tables = (table2_claims, table3_claims, extra_claims)
+    return [c for table in tables for d in DIRECTIONS for c in table(scale, d)] + [curve_claim(scale)]
 
 
 # ---- analyses: how the two tokenizers differ, where mix-attention looks, a case study ---------------------

@@ -34,9 +34,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from msgcore.attention import KV, MultiHeadAttention
+from msgcore.embeddings import NormedEmbeddings
 from msgcore.layers import DecoderLayer, EncoderLayer, EncoderOut, FeedForward, ResidualLayer
 from msgcore.model import Decoder, Transformer, TransformerConfig, build_embeddings
-from msgcore.models.trice import TriceEmbeddings
 from msgcore.utils import MsgcoreError
 
 SRC, MT = 0, 1  # positions of the two sources in `sources`, and of E_src / E_joint in the memory
@@ -71,7 +71,7 @@ def postech_embeddings(cfg: PostechConfig, token_embedding: nn.Embedding) -> nn.
     if not cfg.embedding_norm:
         return build_embeddings(cfg, token_embedding)
     plain = build_embeddings(cfg, token_embedding)
-    return TriceEmbeddings(token_embedding, plain.positions, cfg.dropout, cfg.segment_stride)
+    return NormedEmbeddings(token_embedding, plain.positions, cfg.dropout, cfg.segment_stride)
 
 
 # ---- §2.1 the joint encoder ------------------------------------------------------------------------

@@ -19,7 +19,7 @@ encoder whose parameters get a larger learning rate (`parameter_groups`). Table 
 variant (`AdapterEncoderLayer`) adds new FFNs inside the coarse encoder instead.
 
 As in mBART and the authors' code, a LayerNorm follows the embedding sum (token + position + segment),
-in the encoder and in the decoder (`TriceEmbeddings`); the stand-in pre-training uses the same model.
+in the encoder and in the decoder (`msgcore.embeddings.NormedEmbeddings`); the stand-in pre-training uses the same model.
 The new parameters learn at an absolute rate `fine_lr` (authors: 5e-4 against 5e-5 for the rest).
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from msgcore.attention import KV, MultiHeadAttention
 from msgcore.batching import concatenate_sources, split_sources
 from msgcore.data import Corpus
-from msgcore.embeddings import Embeddings
+from msgcore.embeddings import Embeddings, NormedEmbeddings
 from msgcore.layers import DecoderLayer, EncoderLayer, EncoderOut, FeedForward, ResidualLayer
 from msgcore.model import Decoder, Encoder, Transformer, TransformerConfig, build_embeddings
 
@@ -56,31 +56,12 @@ def join_sources(outs: list[EncoderOut]) -> EncoderOut:
     return EncoderOut(torch.cat([o.hidden for o in outs], 1), torch.cat([o.mask for o in outs], 1))
 
 
-class TriceEmbeddings(Embeddings):
-    """X = LayerNorm(sqrt(d) E_tok[x] + E_pos[i] + E_seg[k]), then dropout (Eq. 8; the LayerNorm is mBART's
-    `layernorm_embedding`, which the authors' code applies after adding the segment embedding)."""
-
-    def __init__(self, token_embedding: nn.Embedding, positions: nn.Module, dropout: float, segment_stride: int):
-        super().__init__(token_embedding, positions, dropout, segment_stride)
-        self.norm = nn.LayerNorm(token_embedding.embedding_dim)
-
-    def forward(self, tokens: Tensor, positions: Tensor | None = None, segment_ids: Tensor | None = None,
-                start_pos: int = 0) -> Tensor:
-        if positions is None:
-            positions = torch.arange(start_pos, start_pos + tokens.size(1), device=tokens.device)
-            positions = positions.unsqueeze(0).expand_as(tokens)  # (B, T)
-        x = self.scale * self.tokens(tokens) + self.positions(positions)  # (B, T, D)
-        if segment_ids is not None:
-            x = x + self.segments(segment_ids)  # Eq. (8): + E_seg[k]
-        return self.dropout(self.norm(x))  # LayerNorm after the segment embedding (authors' code)
-
-
 def trice_embeddings(cfg: TriceConfig, token_embedding: nn.Embedding) -> Embeddings:
     """The embedding block of a TRICE stack: with the embedding LayerNorm unless `cfg.embedding_norm` is off."""
     plain = build_embeddings(cfg, token_embedding)
     if not cfg.embedding_norm:
         return plain
-    return TriceEmbeddings(token_embedding, plain.positions, cfg.dropout, cfg.segment_stride)
+    return NormedEmbeddings(token_embedding, plain.positions, cfg.dropout, cfg.segment_stride)
 
 
 class FineEncoderLayer(ResidualLayer):
