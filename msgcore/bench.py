@@ -499,7 +499,8 @@ def time_shares(profiler, seconds: float, steps: int = 1) -> dict:
 def op_rows(rows: list[dict]) -> list[dict]:
     """Milliseconds per training step in each of the ops that take the most time, msgcore beside HF (same batches):
     whether msgcore's time outside the matrix multiplications goes to the same ops as HF's, at the same cost."""
-    profiles = {(r["preset"], r["library"]): r for r in rows if r["kind"] == "profile" and r["of"] == "train"}
+    profiles = {(r["preset"], r["library"]): r for r in rows
+                if r["kind"] == "profile" and r["of"] == "train" and r.get("setting") != "book"}
     out = []
     for preset_name in dict.fromkeys(p for p, _ in profiles):
         per_step = {lib: {op: share * r["seconds per step"] * 1e3 for op, share in r["top ops"]}
@@ -568,11 +569,15 @@ def plan(presets: list[str], device: torch.device, skip_hf: bool, with_compile: 
                                    "bf16 autocast + the math kernel)"))
     if dtype == "fp32" and not skip_hf:  # both libraries in the chapters' CPU setting, HF in its best one
         specs += book_setting_specs(first)
+    if dtype == "fp32":  # where the chapters' CPU training spends its time: the presets their `small` recipes train
+        specs += [dict(kind="profile", of="train", library="msgcore", preset=p, dtype="bf16", sdpa_backends=["math"],
+                       setting="book") for p in BOOK_PRESETS]
     if with_compile:
         specs.append(dict(kind="train", **ablation, compile=True, ablation="torch.compile"))
     return specs
 
 
+BOOK_PRESETS = ("small", "tiny")  # the presets the chapters' `small` recipes train (chapters 0 and 2; 1 and 3-5)
 HF_CPU_ATTENTION = ("sdpa", "eager")  # transformers' attention implementations tried under bf16 on a CPU
 
 
@@ -786,7 +791,7 @@ def mfu_rows(report: dict) -> list[dict]:
 
 def profile_rows(rows: list[dict]) -> list[dict]:
     """Where the time of the timed steps goes, per library (the "profile" rows)."""
-    return [{"library": r["library"], "preset": r["preset"], "dtype": r["dtype"],
+    return [{"library": r["library"], "preset": r["preset"], "setting": setting_name(r),
              "measurement": "train" if r["of"] == "train" else f"decode, beam {r['beam']}, batch {r['batch']}",
              "matmul": f"{r['matmul share']:.0%}", "fused attention": f"{r['fused attention share']:.0%}",
              "other ops": f"{r['other ops share']:.0%}", "outside ops": f"{r['outside ops share']:.0%}",

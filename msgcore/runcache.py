@@ -43,11 +43,13 @@ NUMERICS_MODULES = ("msgcore.attention", "msgcore.batching", "msgcore.embeddings
                     "msgcore.layers", "msgcore.loss", "msgcore.metrics", "msgcore.model", "msgcore.tokenizer",
                     "msgcore.trainer")
 REUSED: list[str] = []  # the names of the runs this process reused, in order
+USED: dict[str, bool] = {}  # every entry this process reused (True) or built (False), in the order first used
 
 
 def note_reused(name: str) -> None:
     """Remember a reused entry; also append it to $MSGCORE_REUSE_LOG (the book runner reads that file per chapter)."""
     REUSED.append(name)
+    USED.setdefault(name, True)
     log = os.environ.get("MSGCORE_REUSE_LOG")
     if log:
         with open(log, "a") as f:
@@ -192,7 +194,24 @@ def mark_finished(entry: Path, files: list[str], **info) -> dict:
             "torch": torch.__version__, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **info}
     with atomic_write(entry / "meta.json") as f:
         json.dump(meta, f, indent=1)
+    USED.setdefault(entry.name, False)
     return meta
+
+
+def provenance_rows(names: list[str] | None = None) -> list[dict]:
+    """Who made each cache entry this process used (default: `USED`, in order): the commit that trained or built it,
+    when, on what, in how many minutes, and whether this process reused it or built it. A chapter's provenance cell
+    shows these rows, so a notebook executed against a warm cache still names the commits behind its numbers."""
+    root = cache_root()
+    rows = []
+    for name in (USED if names is None else names):
+        meta_path = root / name / "meta.json" if root else None
+        meta = json.loads(meta_path.read_text()) if meta_path and meta_path.is_file() else {}
+        wall = meta.get("wall_time_s")
+        rows.append({"entry": name, "here": "reused" if USED.get(name, True) else "trained now",
+                     "trained at commit": meta.get("commit", "?"), "date": meta.get("date", "?"),
+                     "device": meta.get("device", "?"), "minutes": round(wall / 60, 1) if wall is not None else None})
+    return rows
 
 
 def artifact_entry(kind: str, key: dict) -> Path | None:

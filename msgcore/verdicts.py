@@ -445,6 +445,20 @@ def reason_counts(verdicts: list[Verdict]):
                          for (verdict, reason), count in sorted(rows.items(), key=lambda r: (order[r[0][0]], r[0][1]))])
 
 
+def runs_table(systems: dict[str, System]):
+    """Every trained run behind the chapter's systems: its updates, the update of its best dev score, and whether it
+    converged (and if not, why): what rule 3 judged."""
+    import pandas as pd
+
+    rows = []
+    for system in systems.values():
+        for k, run in enumerate(system.runs):
+            ok, why = run.converged()
+            rows.append({"system": system.name, "run (seed)": k + 1, "updates": run.last_step,
+                         "best dev at update": run.best_step, "converged": "yes" if ok else f"no: {why}"})
+    return pd.DataFrame(rows, columns=["system", "run (seed)", "updates", "best dev at update", "converged"])
+
+
 def gate_table(gates):
     import pandas as pd
 

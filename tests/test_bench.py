@@ -122,8 +122,12 @@ def test_time_shares_find_the_matrix_multiplications_of_the_profiled_steps():
 
 def test_profile_rows_are_reported_apart_from_the_throughput_tables():
     specs = bench.plan(["small"], torch.device("cpu"), skip_hf=False, with_compile=False)
-    profiles = [s for s in specs if s["kind"] == "profile"]
+    profiles = [s for s in specs if s["kind"] == "profile" and s.get("setting") != "book"]
     assert {(s["of"], s["library"]) for s in profiles} == {(o, lib) for o in ("train", "decode") for lib in ("msgcore", "hf")}
+    book = [s for s in specs if s["kind"] == "profile" and s.get("setting") == "book"]  # where the chapters train
+    assert [(s["of"], s["library"], s["preset"], s["dtype"], s["sdpa_backends"]) for s in book] == \
+        [("train", "msgcore", p, "bf16", ["math"]) for p in ("small", "tiny")]
+    assert bench.setting_name(book[0]) == "bf16 + math kernel (the book's)"
     shares = {"matmul share": 0.6, "fused attention share": 0.05, "other ops share": 0.3, "outside ops share": 0.05,
               "top ops": [["aten::addmm", 0.4]]}
     rows = [{**s, **shares} for s in profiles]
@@ -278,11 +282,12 @@ def test_the_matmul_peak_and_cpu_mfu(monkeypatch):
 
 def test_the_book_setting_compares_msgcore_with_hfs_fastest_bf16_setting():
     specs = bench.plan(["small"], torch.device("cpu"), skip_hf=False, with_compile=False)
-    book = [s for s in specs if s.get("setting") == "book"]
+    book = [s for s in specs if s.get("setting") == "book" and s["kind"] == "train"]
     assert {(s["library"], s.get("hf_attention"), tuple(s.get("sdpa_backends", ()))) for s in book} == \
         {("msgcore", None, ("math",)), ("hf", "sdpa", ()), ("hf", "eager", ())}
     assert all(s["dtype"] == "bf16" and bench.repeated(s) for s in book)  # 3 alternating runs each
-    assert not any(s.get("setting") for s in bench.plan(["small"], torch.device("cpu"), True, False))
+    assert not any(s.get("setting") for s in bench.plan(["small"], torch.device("cpu"), True, False)
+                   if s["kind"] != "profile")  # without HF, only the book setting's profiles
     row = dict(kind="train", preset="small", dtype="bf16", setting="book", **{"model TFLOP/s": 0.2})
     fp32 = dict(kind="train", preset="small", dtype="fp32", **{"model TFLOP/s": 0.1})
     rows = [{**fp32, "library": "msgcore", "target tokens/s": 300.0, "runs": [300.0, 310.0]},

@@ -137,6 +137,21 @@ def test_a_finished_entry_records_its_provenance(toy, tmp_path):
     assert meta["torch"] == torch.__version__ and meta["device"] == "cpu"
 
 
+def test_provenance_rows_name_the_commit_of_every_entry_used_trained_or_reused(toy, tmp_path, monkeypatch):
+    monkeypatch.setattr(runcache, "USED", {})
+    first = train_model(fresh_model(toy), toy, cfg(max_steps=4), torch.device("cpu"), tmp_path / "a")
+    train_model(fresh_model(toy), toy, cfg(max_steps=4), torch.device("cpu"), tmp_path / "b")  # reused
+    monkeypatch.setattr(runcache, "USED", {})
+    monkeypatch.setattr(runcache, "git_commit", lambda: "abc1234")
+    train_model(fresh_model(toy, seed=1), toy, cfg(max_steps=4), torch.device("cpu"), tmp_path / "c")  # trained now
+    train_model(fresh_model(toy), toy, cfg(max_steps=4), torch.device("cpu"), tmp_path / "d")  # reused
+    rows = runcache.provenance_rows()
+    assert [row["here"] for row in rows] == ["trained now", "reused"]
+    assert rows[0]["trained at commit"] == "abc1234" and rows[1]["entry"] == first.out_dir.name
+    assert rows[1]["trained at commit"] == json.loads((first.out_dir / "meta.json").read_text())["commit"]
+    assert all(row["device"] == "cpu" and row["minutes"] is not None for row in rows)
+
+
 def test_two_processes_on_one_run_take_turns(tmp_path, monkeypatch):
     """The second waits for the first's lock; a lock whose process is gone is taken over."""
     import subprocess

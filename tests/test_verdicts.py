@@ -270,3 +270,18 @@ def test_declarations_write_a_lower_is_better_threshold_as_at_most():
     at_most = Claim("k", "peaks near K", "K = 5", "threshold", "A", "gap", "dev", higher_is_better=False, threshold=1.0)
     at_least = Claim("s", "10x faster", "10.04x", "threshold", "A", "speed-up", "test", threshold=10.04)
     assert list(V.declarations([at_most, at_least])["compares"]) == ["A ≤ 1", "A ≥ 10.04"]
+
+
+def test_the_runs_table_shows_each_runs_end_its_best_update_and_why_it_did_not_converge():
+    rising = RunRecord(((100, 10.0), (200, 12.0), (300, 13.0), (400, 14.0)), 400, False)
+    stopped = RunRecord(((100, 10.0), (200, 12.0), (300, 11.9)), 300, True)
+    systems = {"A": System("A", {"t": {"BLEU": [14.0, 12.0]}}, [rising, stopped], 400),
+               "copy": V.floor_system("copy", "t", "BLEU", 1.0)}
+    table = V.runs_table(systems)
+    assert table.to_dict("records") == [
+        {"system": "A", "run (seed)": 1, "updates": 400, "best dev at update": 400,
+         "converged": "no: dev +1.00 over updates 300–400"},
+        {"system": "A", "run (seed)": 2, "updates": 300, "best dev at update": 200, "converged": "yes"}]
+    assert list(V.runs_table({"copy": systems["copy"]}).columns) == ["system", "run (seed)", "updates",
+                                                                     "best dev at update", "converged"]
+
