@@ -437,7 +437,7 @@ def decode_worker(spec: dict, cfg: BenchConfig) -> dict:
     return {"generated tokens/s": size * (cfg.decode_length + 1) / statistics.median(times)}
 
 
-# ---- where the time goes: the share of matrix multiplication (issue 16's profile) ---------------------------
+# ---- where the time goes: the share of matrix multiplication ---------------------------
 
 MATMUL_SHAPES = ((2048, 2048, 2048), (4096, 256, 1024), (4096, 1024, 256), (4096, 256, 8000))  # (M, K, N): a large
 # square, and the `small` preset's own products (a token batch times the FFN, its projection back, the vocabulary)

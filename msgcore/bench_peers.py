@@ -55,7 +55,7 @@ OURS = ("msgcore", "msgcore-fused")  # msgcore's rows; every other toolkit is a 
 SETUP = "bash book/benchmarks/peers/setup.sh"
 DEFAULT_VENV = Path.home() / ".cache" / "msgcore" / "peers-venv"
 TEST_SPLIT = "test_2016_flickr"
-GOAL_TIME_FRACTION = 0.7  # issue 16: msgcore reaches the best peer's BLEU in <= 0.7x of that peer's time
+GOAL_TIME_FRACTION = 0.7  # the target: msgcore reaches the best peer's BLEU in <= 0.7x of that peer's time
 PROGRESS = "[peers]"  # the workers' own progress lines start with this; the rest of their output goes to a log
 
 # JoeyNMT 2.3, configs/iwslt14_deen_bpe.yaml: its Transformer recipe for IWSLT14 De->En, with these changes:

@@ -100,6 +100,25 @@ def test_padding_does_not_change_real_positions(use_coverage):
 
 # ---- 3. length classes -----------------------------------------------------------------------------
 
+def test_the_coverage_attention_scales_its_logits_by_sqrt_d_model_as_eq_9():
+    """Eq. (9): softmax(H E^T / sqrt(d_model) + λ B). Each head's logits are divided by sqrt(d_model), not by
+    sqrt(d_head) as in the other attention layers; the bias is added after the scaling, to every head."""
+    from msgcore.models.coverage_nat import CoverageCrossAttention
+
+    torch.manual_seed(0)
+    attention = CoverageCrossAttention(32, 4, 0.0).eval()
+    x, memory = torch.randn(2, 5, 32), torch.randn(2, 6, 32)
+    mask = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    bias = torch.randn(2, 5, 6)
+    _, weights = attention(x, memory, mask, bias)
+    q = attention.split_heads(attention.q_proj(x))  # (B, H, T, 8)
+    k, _ = attention.keys_values(x, memory, None)
+    by_hand = torch.softmax(q @ k.transpose(-2, -1) / 32 ** 0.5 + bias.unsqueeze(1), dim=-1).mean(1)
+    torch.testing.assert_close(weights, by_hand)
+    per_head = torch.softmax(q @ k.transpose(-2, -1) / 8 ** 0.5 + bias.unsqueeze(1), dim=-1).mean(1)
+    assert (weights - per_head).abs().max() > 1e-3  # sqrt(d_head) would be another attention
+
+
 def test_length_offset_classes_round_trip_and_clip():
     m = 128
     offsets = torch.arange(-m, m + 1)
@@ -233,7 +252,13 @@ def test_tcir_iterations_are_chained():
     torch.testing.assert_close(decoded(base, tokens, mask, target_mask, 1), decoded(base, tokens, mask, target_mask, 3))
     missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
     assert missing == ["decoder.layers.1.coverage_scale"] and not unexpected
-    torch.testing.assert_close(decoded(model, tokens, mask, target_mask, 1), decoded(base, tokens, mask, target_mask))
+    # with one head, sqrt(d_model) is sqrt(d_head): K = 1 at lambda = 0 is then exactly the plain layer
+    one_head, one_head_base = nat(n_heads=1), nat(n_heads=1, use_coverage=False)
+    one_head.load_state_dict(one_head_base.state_dict(), strict=False)
+    with torch.no_grad():
+        one_head.decoder.layers[-1].coverage_scale.zero_()
+    torch.testing.assert_close(decoded(one_head, tokens, mask, target_mask, 1),
+                               decoded(one_head_base, tokens, mask, target_mask))
 
 
 def test_uniform_copy_inputs_are_the_source_embeddings_at_round_i_s_over_t():

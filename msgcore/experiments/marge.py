@@ -575,7 +575,7 @@ def doc_level_test(name: str, sentences: int) -> Corpus:
 
 def zero_shot(model, tokenizer, texts: dict[str, list[str]], source: str, target: str, device: torch.device,
               beam_size: int = 1) -> list[str]:
-    """MARGE with no fine-tuning translates `source` -> `target` (VAGUE-R5: one evidence document, so f is moot)."""
+    """MARGE with no fine-tuning translates `source` -> `target` (one evidence document, so f is moot)."""
     from msgcore.generation import GenerationConfig
     from msgcore.trainer import translate_encoded
 

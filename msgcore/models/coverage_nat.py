@@ -97,10 +97,12 @@ def coverage(attention: Tensor, target_mask: Tensor | None = None) -> Tensor:
 
 
 class CoverageCrossAttention(MultiHeadAttention):
-    """Cross-attention with an additive bias on the logits: softmax(QK^T / sqrt(d) + bias) V.
+    """Cross-attention with an additive bias on the logits: softmax(QK^T / sqrt(d_model) + bias) V.
 
     Same parameters as MultiHeadAttention (a NAT-Base checkpoint loads into it). The math path is
-    always taken, since the next iteration needs the weights.
+    always taken, since the next iteration needs the weights. Each head's logits are scaled by sqrt(d_model), as
+    Eq. (9) writes them, not by sqrt(d_head) as the other attention layers are: against the logits, the coverage
+    bias weighs what the paper's single-head equation gives it.
     """
 
     def forward(self, x: Tensor, memory: Tensor, mask: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
@@ -111,7 +113,7 @@ class CoverageCrossAttention(MultiHeadAttention):
         q = self.split_heads(self.q_proj(x))  # (B, H, T, Dh)
         k, v = self.keys_values(x, memory, None)  # (B, H, S, Dh) each
         # The same bias for every head (see the Deviation in CoverageDecoderLayer).
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)) + bias.unsqueeze(1)  # Eq. (9): logits + lambda B
+        scores = q @ k.transpose(-2, -1) / math.sqrt(x.size(-1)) + bias.unsqueeze(1)  # Eq. (9): / sqrt(d_model) + lambda B
         scores = scores.masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # Eq. (9): A^k, (B, H, T, S)
         dropped = F.dropout(weights, p=self.dropout) if self.training and self.dropout > 0 else weights
@@ -138,7 +140,7 @@ class CoverageDecoderLayer(NATDecoderLayer):
 
     Iteration k = 1..K reads H^{k-1} and A^{k-1} (H^0, A^0: the output and head-averaged cross-attention
     of layer L-1): self-attention over H^{k-1} (Eq. 7), the coverage C^k of A^{k-1} (Eq. 6), the bias
-    B^k = 1 - C^k (Eq. 8), cross-attention with logits QK^T/sqrt(d) + lambda B^k (Eq. 9) and the FFN
+    B^k = 1 - C^k (Eq. 8), cross-attention with logits QK^T/sqrt(d_model) + lambda B^k (Eq. 9) and the FFN
     (Eq. 10) give H^k and A^k. The iterations share this layer's weights; H^K is the decoder's output.
     # Deviation: each sub-layer keeps the decoder's residual connection and layer norm (the paper
     # omits them "for simplicity", §II), and the attentions keep their Q/K/V projections.
@@ -225,10 +227,10 @@ class NATDecoder(Decoder):
         """(B, T) token id whose embedding feeds each target position; padding gets <pad>.
 
         # Deviation: the paper (§III-A) feeds <unk> at every position ("unk"). Every position then gets
-        # the same vector but for its position encoding (mean cosine 0.88 between positions after
-        # training, measured in chapter 5), and our small models repeat over half their tokens; the
-        # default is Gu et al.'s uniform copy of the source embeddings, which the paper's NAT-Base
-        # baseline (fairseq's) also offers.
+        # the same vector but for its position encoding (chapter 5 measures the mean cosine between the
+        # inputs of two positions with both), and a small model repeats many of its tokens; the default
+        # is Gu et al.'s uniform copy of the source embeddings, which the paper's NAT-Base baseline
+        # (fairseq's) also offers.
         """
         if self.cfg.decoder_input == "unk":
             tokens = torch.full_like(target_mask, self.cfg.unk_id, dtype=torch.long)  # (B, T)

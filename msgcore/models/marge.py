@@ -131,7 +131,7 @@ class RelevanceCrossLayer(DecoderLayer):
         super().__init__(cfg.d_model, cfg.n_heads, cfg.decoder_d_ff or cfg.d_ff, cfg.dropout,
                          cfg.attention_dropout, cfg.activation_dropout, cfg.pre_norm)
         # Deviation: one beta per cross-attention layer, shared by its heads, init 1.0 (lucidrains);
-        # the paper says "a trainable scalar parameter" (VAGUE-R2).
+        # the paper says "a trainable scalar parameter".
         self.beta = nn.Parameter(torch.tensor(float(cfg.beta_init)))
 
     def cross_attend(self, x: Tensor, memory: list[EncoderOut], cross_kv: list[KV] | None,
@@ -269,7 +269,7 @@ class MargeTransformer(Transformer):
     def encode(self, sources: list[Tensor], source_masks: list[Tensor]) -> list[EncoderOut]:
         """Plain path (fine-tuning, zero-shot translation): each source is one evidence document.
 
-        # Deviation (VAGUE-R5): with no target there is no f. With K sources they are encoded
+        # Deviation: with no target there is no f. With K sources they are encoded
         # separately and concatenated with a constant f, which the softmax ignores (as lucidrains'
         # default similarities = 1); so no bias at all.
         """
