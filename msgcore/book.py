@@ -38,6 +38,8 @@ from msgcore.utils import MsgcoreError, atomic_write, check_device, check_seed, 
 SCALES = ("smoke", "small", "full")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BOOK_FILES = ("_config.yml", "_toc.yml")
+STATIC = "_static"  # the book's own CSS (wrapping long output lines), copied beside the config
+WRAP_RULE = "white-space: pre-wrap"  # what the built HTML's stylesheet must carry
 COPY_IGNORE = shutil.ignore_patterns(".ipynb_checkpoints", "_build", "__pycache__", ".*.tmp")
 
 
@@ -127,6 +129,7 @@ def book_sources(root: Path) -> list[Path]:
     toc = yaml.safe_load((root / "_toc.yml").read_text(encoding="utf-8"))
     folders = {Path(entry).parts[0] for entry in _toc_entries(toc) if len(Path(entry).parts) > 1}
     files = [root / name for name in BOOK_FILES] + sorted(root.glob("*.bib"))
+    folders |= {STATIC}
     return [p for p in files if p.is_file()] + [root / f for f in sorted(folders) if (root / f).is_dir()]
 
 
@@ -162,7 +165,28 @@ def make_run_dir(root: Path, scale: str, out: Path | None) -> Path:
             shutil.copytree(src, run_dir / src.name, ignore=COPY_IGNORE, dirs_exist_ok=True)
         else:
             shutil.copy2(src, run_dir / src.name)
+    hide_placeholder_buttons(run_dir / "_config.yml")
     return run_dir
+
+
+PLACEHOLDER = "YOUR-ACCOUNT"  # repository.url until a fork sets its own: no page may link to it
+
+
+def hide_placeholder_buttons(config_path: Path) -> bool:
+    """Turn off the launch, repository, issues and edit buttons in a run directory's copy of the config while
+    `repository.url` is unset or the placeholder: a reader would otherwise get "not found" on Colab and GitHub.
+    The intro says how to set the one setting. Returns whether the copy was changed."""
+    config = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+    url = (config.get("repository") or {}).get("url") or ""
+    if url and PLACEHOLDER not in url:
+        return False
+    config["launch_buttons"] = {**(config.get("launch_buttons") or {}), "colab_url": "", "binderhub_url": "",
+                                "jupyterhub_url": "", "thebe": False}
+    config["html"] = {**(config.get("html") or {}), "use_repository_button": False, "use_issues_button": False,
+                      "use_edit_page_button": False}
+    with atomic_write(config_path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(config, f, sort_keys=False, allow_unicode=True)
+    return True
 
 
 def hide_parameter_cells(path: Path) -> None:
@@ -321,7 +345,20 @@ def build_book(book_dir: Path) -> Path:
     code = subprocess.run(cmd).returncode
     if code != 0:
         raise BuildError(f"jupyter-book build failed with exit status {code}; the warnings are printed above")
-    return book_dir / "_build" / "html" / "index.html"
+    html = book_dir / "_build" / "html"
+    check_wrapping(html)
+    return html / "index.html"
+
+
+def check_wrapping(html: Path) -> None:
+    """The built book wraps long output lines: its pages link the book's stylesheet, which holds the rule."""
+    css = html / STATIC / "custom.css"
+    index = (html / "index.html").read_text(encoding="utf-8") if (html / "index.html").is_file() else ""
+    pages = [p for p in html.rglob("*.html") if p.name != "index.html" and "_static" not in p.parts]
+    linked = any("custom.css" in p.read_text(encoding="utf-8") for p in pages[:3]) or "custom.css" in index
+    if not css.is_file() or WRAP_RULE not in css.read_text(encoding="utf-8") or not linked:
+        raise BuildError(f"the built book does not wrap long output lines: {css} with '{WRAP_RULE}', linked from "
+                         f"its pages, is missing")
 
 
 # ----------------------------------------------------------------------------- entry points

@@ -250,3 +250,39 @@ def test_the_runner_reports_the_runs_each_chapter_reused(tiny_book: Path, capsys
     out = capsys.readouterr().out
     assert "reused 2 cached runs: run-abc, run-def" in out
     assert book.format_summary(report.results).splitlines()[1].split()[-1] == "2"
+
+
+def test_the_books_stylesheet_wraps_long_output_lines_and_a_build_without_it_is_refused(tmp_path: Path) -> None:
+    """Long output lines wrap inside the column (issue seen at 1280 px: findings cut mid-number): the book's
+    _static/custom.css holds the rule, every run directory gets it, and a built book that lacks it fails."""
+    css = (REPO_ROOT / "_static" / "custom.css").read_text()
+    assert book.WRAP_RULE in css and "overflow-x: auto" in css and "div.cell_output pre" in css
+    assert REPO_ROOT / "_static" in book.book_sources(REPO_ROOT)
+    html = tmp_path / "html"
+    (html / "_static").mkdir(parents=True)
+    (html / "index.html").write_text("<html></html>")
+    (html / "page.html").write_text('<link rel="stylesheet" href="_static/custom.css">')
+    with pytest.raises(book.BuildError, match="wrap long output lines"):
+        book.check_wrapping(html)  # linked, but the stylesheet is missing
+    (html / "_static" / "custom.css").write_text(css)
+    book.check_wrapping(html)
+    (html / "page.html").write_text("<html>no stylesheet</html>")
+    with pytest.raises(book.BuildError, match="wrap long output lines"):
+        book.check_wrapping(html)
+
+
+def test_a_placeholder_repository_url_builds_no_launch_or_repository_buttons(tiny_book: Path) -> None:
+    import yaml
+
+    config = {"title": "tiny", "repository": {"url": "https://github.com/YOUR-ACCOUNT/msgcore-book"},
+              "launch_buttons": {"colab_url": "https://colab.research.google.com"},
+              "html": {"use_repository_button": True}}
+    (tiny_book / "_config.yml").write_text(yaml.safe_dump(config))
+    run_dir = book.make_run_dir(tiny_book, "smoke", tiny_book / "runs" / "a")
+    copied = yaml.safe_load((run_dir / "_config.yml").read_text())
+    assert copied["launch_buttons"]["colab_url"] == "" and copied["html"]["use_repository_button"] is False
+    assert copied["repository"] == config["repository"]  # the substitution the intro reads is kept
+    config["repository"]["url"] = "https://github.com/someone/msgcore-book"
+    (tiny_book / "_config.yml").write_text(yaml.safe_dump(config))
+    run_dir = book.make_run_dir(tiny_book, "smoke", tiny_book / "runs" / "b")
+    assert yaml.safe_load((run_dir / "_config.yml").read_text()) == config  # a real URL: every button stays
