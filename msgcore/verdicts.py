@@ -33,9 +33,12 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from msgcore.utils import MsgcoreError, atomic_write
 
@@ -466,13 +469,38 @@ def gate_table(gates):
 
 
 def show_table(frame, index: bool = False):
-    """Display a table in full: no truncated cells, no meaningless index (a styled HTML table)."""
+    """Display a table in full: no truncated cells, no meaningless index (a styled HTML table); numbers as
+    `number_text` writes them, column by column."""
     from IPython.display import display
 
     styler = frame.style.set_properties(**{"text-align": "left", "white-space": "pre-wrap"})
     if not index:
         styler = styler.hide(axis="index")
-    display(styler.format(precision=2))
+    formats = {column: number_formatter(frame[column]) for column in frame.columns}
+    display(styler.format(formats))
+
+
+def number_formatter(column):
+    """How a table column's numbers are written: a column of whole numbers as integers with thousands separators
+    ("1,000", not "1000.00"), others with two decimals, a small non-zero one (|x| < 0.01, e.g. a learning rate)
+    with three significant digits ("5e-04" stays "0.0005"), a missing one as "–"; anything else as it is."""
+    def is_number(value) -> bool:
+        return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+    values = [v for v in column if is_number(v) and v == v]
+    whole = bool(values) and all(float(v).is_integer() for v in values)
+
+    def text(value):
+        if not is_number(value):
+            return "–" if value is None else str(value)
+        if value != value:
+            return "–"
+        if whole:
+            return f"{int(value):,}"
+        if value and abs(value) < 0.01:
+            return f"{value:.3g}" if abs(value) >= 1e-4 else f"{value:.2e}"
+        return f"{value:,.2f}"
+    return text
 
 
 def results(chapter: str, scale: str, commit: str, verdicts: list[Verdict], systems: dict[str, System]) -> dict:

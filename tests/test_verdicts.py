@@ -285,3 +285,24 @@ def test_the_runs_table_shows_each_runs_end_its_best_update_and_why_it_did_not_c
     assert list(V.runs_table({"copy": systems["copy"]}).columns) == ["system", "run (seed)", "updates",
                                                                      "best dev at update", "converged"]
 
+
+
+def test_tables_write_counts_as_integers_small_rates_with_significant_digits_and_gaps_as_a_dash():
+    import pandas as pd
+
+    frame = pd.DataFrame({"updates": [1000.0, 250.0], "lr": [5e-4, 1e-3], "BLEU": [38.391, None],
+                          "note": ["a", None]})
+    text = {column: [V.number_formatter(frame[column])(v) for v in frame[column]] for column in frame}
+    assert text["updates"] == ["1,000", "250"]
+    assert text["lr"] == ["0.0005", "0.001"]
+    assert text["BLEU"] == ["38.39", "–"]
+    assert text["note"] == ["a", "–"]
+
+
+def test_numpy_numbers_are_numbers_to_the_table_formatter():
+    import numpy as np
+    import pandas as pd
+
+    column = pd.Series([np.int64(3), np.int64(1200)])
+    assert [V.number_formatter(column)(v) for v in column] == ["3", "1,200"]
+    assert V.number_formatter(pd.Series([np.bool_(True)]))(np.bool_(True)) == "True"
