@@ -74,6 +74,34 @@ def claims(results: dict[str, dict]):
                          for data in results.values() for c in data["claims"]])
 
 
+def score_text(values: list[float]) -> str:
+    """Per-seed scores as one figure: the value for one seed, mean ± sample standard deviation for several."""
+    import statistics
+
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def systems(results: dict[str, dict]):
+    """Every system the chapters scored: its seeds, its updates, and each test set's metrics (mean ± sd over
+    seeds), so that README's figures, like the verdicts, are read from the results files."""
+    import pandas as pd
+
+    rows = []
+    for data in results.values():
+        for system in data["systems"]:
+            scores = system.get("scores", {})
+            seeds = max((len(v) for metrics in scores.values() for v in metrics.values()), default=0)
+            text = "; ".join(f"{test}: " + ", ".join(f"{metric} {score_text(values)}"
+                                                    for metric, values in metrics.items() if values)
+                             for test, metrics in scores.items())
+            updates = system.get("updates")
+            rows.append({"chapter": data["chapter"], "system": system["name"], "seeds": seeds,
+                         "updates": "–" if updates is None else f"{updates:,}", "scores": text or "–"})
+    return pd.DataFrame(rows, columns=["chapter", "system", "seeds", "updates", "scores"])
+
+
 def markdown_table(frame) -> str:
     """A pipe table (pandas' to_markdown needs tabulate, which the book does not install)."""
     cells = [[str(v).replace("|", "\\|").replace("\n", " ") for v in row] for row in frame.itertuples(index=False)]
@@ -83,11 +111,13 @@ def markdown_table(frame) -> str:
 
 
 def readme_block(results: dict[str, dict]) -> str:
-    """README's generated results: the counts per chapter, then every claim."""
+    """README's generated results: the counts per chapter, every claim, then every system's scores."""
     if not results:
         return "No chapter has written its results yet."
     return (f"Verdicts per chapter (from `book/results/*.json`, written by each chapter's notebook):\n\n"
-            f"{markdown_table(counts(results))}\n\nEvery claim:\n\n{markdown_table(claims(results))}")
+            f"{markdown_table(counts(results))}\n\nEvery claim:\n\n{markdown_table(claims(results))}\n\n"
+            f"<details><summary>Every system's scores (mean ± standard deviation over seeds; floors included)"
+            f"</summary>\n\n{markdown_table(systems(results))}\n\n</details>")
 
 
 def replace_block(text: str, block: str) -> str:

@@ -28,6 +28,17 @@ def test_counts_and_claims_come_from_the_files(tmp_path: Path) -> None:
     assert len(scoreboard.claims(results)) == 4
 
 
+def test_systems_table_gives_one_seed_as_is_and_several_as_mean_and_spread(tmp_path: Path) -> None:
+    systems = {"A": V.System("A", {"test": {"BLEU": [30.0, 32.0, 34.0], "chrF": [50.0, 50.0, 50.0]}}, updates=1200),
+               "copy": V.System("copy", {"test": {"BLEU": [0.5]}})}
+    V.write_results(tmp_path / "ch01.json", chapter="CH01", scale="small", commit="abc1234", verdicts=[],
+                    systems=systems)
+    table = scoreboard.systems(scoreboard.load_results(tmp_path)).set_index("system")
+    assert table.loc["A", "scores"] == "test: BLEU 32.00 ± 2.00, chrF 50.00 ± 0.00"
+    assert table.loc["A", "seeds"] == 3 and table.loc["A", "updates"] == "1,200"
+    assert table.loc["copy", "scores"] == "test: BLEU 0.50" and table.loc["copy", "updates"] == "–"
+
+
 def test_readme_block_is_rewritten_between_its_markers_and_checked(tmp_path: Path) -> None:
     write_chapter(tmp_path, "ch00", [V.INDICATIVE])
     readme = tmp_path / "README.md"
