@@ -32,6 +32,7 @@ from pathlib import Path
 
 import yaml
 
+from msgcore.options import add_cap_options, apply_cap_options
 from msgcore.utils import MsgcoreError, atomic_write, check_device, check_seed, check_writable_dir, \
     os_error_line
 
@@ -444,6 +445,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     run.add_argument("--seed", type=int, default=0, help="passed to the notebooks (default: 0)")
     run.add_argument("--timeout", type=float, metavar="SECONDS", help="per-cell time limit (default: none)")
     run.add_argument("--root", type=Path, default=None, metavar="DIR", help="book root (default: . if it has _toc.yml)")
+    add_cap_options(run)
     job = commands.add_parser("main", help="README's main command: with a GPU every chapter at full and the book; "
                                            "without one the book of the committed outputs and chapter 0 at small")
     job.add_argument("--device", default="auto", help="passed to the notebooks (default: auto)")
@@ -461,6 +463,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_seed(args.seed)
         if args.command == "main":
             return main_job(args.root or default_root(), device=args.device, seed=args.seed, timeout=args.timeout)
+        if args.in_place and (args.dry_run or args.max_updates):
+            raise BookError("a capped run (--dry-run, --max-updates) checks the code; it never replaces the "
+                            "committed notebooks (drop --in-place)")
+        apply_cap_options(args)  # the notebooks' kernels inherit the caps (msgcore.dryrun)
         report = run_book(args.root or default_root(), args.chapter, args.scale, out=args.out,
                           in_place=args.in_place, device=args.device, seed=args.seed,
                           timeout=args.timeout, build=args.build)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Collection, Iterable, Iterator, Sequence
 
-from msgcore import download
+from msgcore import download, dryrun
 from msgcore.utils import DataError
 
 PathLike = str | os.PathLike
@@ -115,6 +115,12 @@ class Corpus:
 # ---------------------------------------------------------------------------------------------
 # Reading and validating files (no data-set specifics here)
 # ---------------------------------------------------------------------------------------------
+
+def capped(corpus: Corpus) -> Corpus:
+    """`corpus`, or under a dry run's sentence cap (`msgcore.dryrun`) its first examples."""
+    keep = dryrun.sentences(len(corpus))
+    return corpus if keep == len(corpus) else corpus.subset(range(keep))
+
 
 def decode_lines(data: bytes, name: str) -> list[str]:
     """Split raw bytes into stripped lines; invalid UTF-8 raises a DataError naming `name` and the line."""
@@ -242,7 +248,7 @@ def load_multi30k(split: str, sources: Sequence[str] | str = ("de",), target: st
     paths = [folder / f"{split}.{lang}.gz" for lang in (*sources, target)]
     columns, skipped = align_columns([read_lines(p) for p in paths], [str(p) for p in paths],
                                      skip_empty=skip_empty)
-    return Corpus("multi30k", split, sources, target, columns[:-1], columns[-1], skipped_empty=skipped)
+    return capped(Corpus("multi30k", split, sources, target, columns[:-1], columns[-1], skipped_empty=skipped))
 
 
 def load_ape(split: str, *, skip_empty: bool = False, data_dir: PathLike | None = None) -> Corpus:
@@ -265,7 +271,8 @@ def load_ape(split: str, *, skip_empty: bool = False, data_dir: PathLike | None 
     start, stop = {"train": (0, dev_start), "dev": (dev_start, test_start), "test": (test_start, len(columns[0]))}[split]
     rows = [i for i in range(start, stop) if i not in dropped]
     src, mt, pe = ([column[i] for i in rows] for column in columns)
-    return Corpus("wmt16-17-ape-en-de", split, ("en", "de"), "de", [src, mt], pe, skipped_empty=stop - start - len(rows))
+    return capped(Corpus("wmt16-17-ape-en-de", split, ("en", "de"), "de", [src, mt], pe,
+                         skipped_empty=stop - start - len(rows)))
 
 
 def load_mlqe_pe(split: str, *, skip_empty: bool = False, data_dir: PathLike | None = None) -> Corpus:
@@ -279,7 +286,7 @@ def load_mlqe_pe(split: str, *, skip_empty: bool = False, data_dir: PathLike | N
     columns = _read_tar_members(archive, members)
     names = [f"{archive}:{member}" for member in members]
     columns, skipped = align_columns(columns, names, skip_empty=skip_empty)
-    return Corpus("mlqe-pe-en-de", split, ("en", "de"), "de", columns[:2], columns[2], skipped_empty=skipped)
+    return capped(Corpus("mlqe-pe-en-de", split, ("en", "de"), "de", columns[:2], columns[2], skipped_empty=skipped))
 
 
 def _read_tar_members(archive: Path, members: Sequence[str]) -> list[list[str]]:
@@ -336,8 +343,8 @@ def load_doc_level(split: str, corpus: str = "ted", *, source_lang: str = "de", 
             targets.append(lines[target_lang][row])
             doc_ids.append(doc_id)
             previous = lines[context_lang][row]
-    return Corpus(f"doc-level-en-de/{corpus}", split, (context_lang, source_lang), target_lang,
-                  [contexts, currents], targets, doc_ids=doc_ids, skipped_empty=len(dropped))
+    return capped(Corpus(f"doc-level-en-de/{corpus}", split, (context_lang, source_lang), target_lang,
+                         [contexts, currents], targets, doc_ids=doc_ids, skipped_empty=len(dropped)))
 
 
 def split_documents(first: list[str], second: list[str], names: Sequence[str],

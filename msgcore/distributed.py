@@ -17,6 +17,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from msgcore.utils import MsgcoreError
+
 
 def launched() -> bool:
     """True in a process that torchrun started as one of several."""
@@ -24,10 +26,19 @@ def launched() -> bool:
 
 
 def device_for_rank(name: str = "auto") -> torch.device:
-    """This process's device: its own GPU (LOCAL_RANK) when CUDA is visible and `name` allows it, else the CPU."""
-    if name in ("auto", "cuda") and torch.cuda.is_available():
+    """This process's device. "auto" and "cuda": its own GPU (LOCAL_RANK) when CUDA is visible ("auto" falls back to
+    the CPU); "cpu": the CPU; "cuda:N": that GPU, in a single process only (several processes on one GPU would race).
+    """
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise MsgcoreError(f"--device {name}: no CUDA device is visible to this process")
+    if name in ("auto", "cuda"):
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
+    if launched():
+        raise MsgcoreError(f"--device {name} under torchrun would put every process on one GPU; use --device cuda "
+                           f"(each process takes the GPU of its LOCAL_RANK) and choose GPUs with CUDA_VISIBLE_DEVICES")
+    return torch.device(name)
 
 
 def init(device: torch.device) -> None:

@@ -58,3 +58,25 @@ class OneLineParser(argparse.ArgumentParser):
 def seed_option(text: str) -> int:
     """An argparse type: a seed every generator accepts (0 to 2**32 - 1)."""
     return whole(0, SEED_MAX)(text)
+
+
+def add_cap_options(parser: argparse.ArgumentParser) -> None:
+    """--max-updates and --dry-run: the caps of `msgcore.dryrun`, for a command that trains chapters."""
+    from msgcore import dryrun
+
+    parser.add_argument("--max-updates", type=whole(1), metavar="N",
+                        help="stop every training loop after N updates (its runs go to their own corner of the cache)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help=f"cap every training loop at {dryrun.DRY_RUN[0]} updates and every data split at "
+                             f"{dryrun.DRY_RUN[1]} sentences, at the recipe's model sizes: a check, not a result")
+
+
+def apply_cap_options(args: argparse.Namespace) -> None:
+    """Put the caps the options ask for in force (for this process and the ones it starts)."""
+    from msgcore import dryrun
+
+    updates, sentences = dryrun.DRY_RUN if args.dry_run else (0, 0)
+    if args.max_updates:
+        updates = min(updates, args.max_updates) if updates else args.max_updates
+    if updates or sentences:
+        dryrun.set_caps(updates, sentences)

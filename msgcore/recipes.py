@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from msgcore import distributed, runcache
+from msgcore import distributed, dryrun, runcache
 from msgcore.batching import EncodedCorpus, encode_corpus
 from msgcore.data import Corpus, load_multi30k, synthetic_corpus
 from msgcore.generation import GenerationConfig
@@ -160,6 +160,7 @@ def train_model(model, data: TranslationData, train_cfg: TrainConfig, device: to
     instead of trained, an interrupted one resumes from its last.pt. `out_dir/run.json` points at the entry."""
     train, valid = train or data.encoded["train"], valid or data.encoded["val"]
     refs = data.corpora["val"].target
+    train_cfg = dryrun.train_config(train_cfg)  # a dry run's caps, if any
     entry = runcache.entry_dir("run", run_key(model, train_cfg, train, valid, refs, trainer_class, device))
     folder = entry or Path(out_dir)
     holding = runcache.entry_lock(entry) if entry and not distributed.launched() else contextlib.nullcontext()

@@ -34,6 +34,7 @@ from typing import Callable
 
 import torch
 
+from msgcore import dryrun
 from msgcore.utils import MsgcoreError, atomic_write, git_commit, pid_lock
 
 RESULTS_VERSION = 2  # bump when training results change for a reason the code fingerprint cannot see (a dependency's
@@ -57,11 +58,13 @@ def note_reused(name: str) -> None:
 
 
 def cache_root() -> Path | None:
-    """The cache folder, or None when `MSGCORE_RUNS=off`."""
+    """The cache folder, or None when `MSGCORE_RUNS=off`; under a dry run's caps (`msgcore.dryrun`) a subfolder."""
     root = os.environ.get("MSGCORE_RUNS", "")
     if root.lower() in ("off", "0", "none"):
         return None
-    return Path(root) if root else Path.home() / ".cache" / "msgcore" / "runs"
+    folder = Path(root) if root else Path.home() / ".cache" / "msgcore" / "runs"
+    capped = dryrun.caps()
+    return folder / capped.name if capped else folder  # capped runs keep to their own corner
 
 
 def _feed(h, obj) -> None:

@@ -13,3 +13,5 @@ def _seed():
 def _private_run_cache(tmp_path_factory, monkeypatch):
     """Each test gets an empty run cache, so no test reuses another's (or the user's) cached runs."""
     monkeypatch.setenv("MSGCORE_RUNS", str(tmp_path_factory.mktemp("runcache")))
+    for cap in ("MSGCORE_MAX_UPDATES", "MSGCORE_MAX_SENTENCES"):  # no test runs under a caller's dry-run caps,
+        monkeypatch.setenv(cap, "")  # and a test's own caps go when it ends (setenv restores what was there)

@@ -58,3 +58,39 @@ def test_a_two_process_checkpoint_resumes_on_one_process(runs):
     straight = train(tmp, "straight", "--max-steps", "2", "--update-freq", "2")
     assert resumed["state"]["batch_in_epoch"] == straight["state"]["batch_in_epoch"] == 4
     assert_same_parameters(resumed, straight)
+
+
+# ---- which device a process takes -------------------------------------------------------------------------
+
+def test_each_process_takes_the_gpu_of_its_local_rank(monkeypatch):
+    from msgcore import distributed
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert distributed.device_for_rank("auto") == torch.device("cuda", 3) == distributed.device_for_rank("cuda")
+    assert distributed.device_for_rank("cpu") == torch.device("cpu")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert distributed.device_for_rank("cuda:1") == torch.device("cuda", 1)  # one process may name its GPU
+
+
+def test_a_named_gpu_under_torchrun_or_no_gpu_is_refused_in_one_line(monkeypatch):
+    from msgcore import distributed
+    from msgcore.utils import MsgcoreError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(MsgcoreError, match="every process on one GPU"):
+        distributed.device_for_rank("cuda:1")  # before: the CPU, silently
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(MsgcoreError, match="no CUDA device"):
+        distributed.device_for_rank("cuda")
+    assert distributed.device_for_rank("auto") == torch.device("cpu")
+
+
+def test_the_chapter_script_refuses_torchrun_before_any_work(monkeypatch, capsys):
+    from msgcore.experiments.__main__ import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["ch00", "--scale", "smoke"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "torchrun -m msgcore train" in err

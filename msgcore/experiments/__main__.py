@@ -2,6 +2,7 @@
 
     python -m msgcore.experiments ch00 ch05 --scale full --pack runs/cache-full.tar
     python -m msgcore.experiments --unpack runs/cache-full.tar        # then execute the notebooks against it
+    python -m msgcore.experiments ch05 --scale full --device cpu --dry-run   # every loop capped (msgcore.dryrun)
 
 A chapter's notebook asks the cache for the same runs, so it then executes in minutes (on a CPU too).
 """
@@ -16,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from msgcore import runcache
-from msgcore.options import OneLineParser, device_option, seed_option
+from msgcore import distributed, runcache
+from msgcore.options import OneLineParser, add_cap_options, apply_cap_options, device_option, seed_option
 from msgcore.utils import MsgcoreError, atomic_write, check_writable_dir, check_writable_file, os_error_line, \
     resolve_device, seed_everything
 
@@ -123,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/script"), help="folder for the runs' pointers")
     parser.add_argument("--pack", type=Path, help="afterwards, pack the finished cache entries into this tar file")
     parser.add_argument("--unpack", type=Path, help="unpack a packed cache into the run cache, then exit")
+    add_cap_options(parser)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # --help (0) or a usage error (2, already printed as one line)
@@ -133,7 +135,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.unpack:
             unpack(args.unpack)
             return 0
+        if distributed.launched():
+            raise MsgcoreError("python -m msgcore.experiments runs in one process: under torchrun every process "
+                               "would train every run of the chapter and race on the run cache. Run it without "
+                               "torchrun; data-parallel training of one model is `torchrun -m msgcore train`")
         functions = [(name, chapter_function(name)) for name in args.chapters]  # refuse bad names before any work
+        apply_cap_options(args)
         device = resolve_device(args.device)
         for name, fn in functions:
             start = time.perf_counter()

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import pandas as pd
 import torch
 
-from msgcore import floors, runcache, verdicts
+from msgcore import dryrun, floors, runcache, verdicts
 from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batches
 from msgcore.foundations.baselines import BASELINE_SCALES
 from msgcore.recipes import (CPU_BOOK_SETTING, RunResult, Scale, TranslationData, evaluate, limit_eval_splits,
@@ -241,6 +241,8 @@ def train_with_curve(model: CoverageNAT, data: TranslationData, train_cfg: Train
     if not every:
         return NATRun(train_model(model, data, train_cfg, device, out_dir, train=train))
 
+    train_cfg = dryrun.train_config(train_cfg)  # a dry run's caps, if any
+    every = min(every, train_cfg.max_steps) if train_cfg.max_steps else every
     train = train or data.encoded["train"]
     valid, refs = data.encoded["val"], data.corpora["val"].target
     key = {"run": run_key(model, train_cfg, train, valid, refs, device=device), "every": every,

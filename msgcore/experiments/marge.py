@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from msgcore import verdicts as V
+from msgcore import dryrun, verdicts as V
 from msgcore.data import Corpus, load_doc_level, load_multi30k, synthetic_corpus
 from msgcore.foundations.denoiser import Denoiser, copy_model, derived_config, pretrained_denoiser, split_documents_at
 from msgcore.recipes import CPU_BOOK_SETTING, TranslationData, train_model
@@ -192,7 +192,7 @@ def pretrain(model, constructor: BatchConstructor, steps: int, lr: float = 1e-3,
     `amp` and `sdpa_backends` are the core Trainer's numerics (`msgcore.trainer.numerics`); fp16 is refused (it would
     need a gradient scaler, which this loop does not keep).
     """
-    device = torch.device(device)
+    device, steps = torch.device(device), dryrun.updates(steps)  # a dry run's caps, if any
     amp_dtype, backends = Trainer.resolve_amp(amp, device), Trainer.resolve_sdpa_backends(sdpa_backends, device)
     if amp_dtype == torch.float16:
         raise MsgcoreError("MARGE's pre-training loop runs in fp32 or bf16, not fp16 (it keeps no gradient scaler)")
