@@ -50,7 +50,7 @@ from msgcore.generation import GenerationConfig, beam_search
 from msgcore.model import Transformer, TransformerConfig, preset
 from msgcore.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from msgcore.options import OneLineParser, device_option, whole
-from msgcore.utils import MsgcoreError, atomic_write, device_name, git_commit, resolve_device
+from msgcore.utils import MsgcoreError, atomic_write, device_name, git_commit, keep_freed_memory, resolve_device
 
 H100_BF16_PEAK = 790e12  # FLOP/s on large bf16 matmuls, measured on the lent H100/H200 (see DEVELOPERS.md)
 
@@ -841,6 +841,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = BenchConfig(**job["cfg"])
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        if resolve_device(cfg.device).type == "cpu":
+            keep_freed_memory()  # as msgcore's Trainer does on a CPU; every library's worker runs with it
         kind = job["spec"].get("of", job["spec"]["kind"])
         worker = {"train": train_worker, "peak": peak_worker}.get(kind, decode_worker)
         print(json.dumps(worker(job["spec"], cfg)))

@@ -14,6 +14,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from msgcore.layers import Dropout
+
 
 def sinusoid(positions: Tensor, d_model: int) -> Tensor:
     """Sinusoids of §3.5 for integer positions of any shape (...) -> (..., d_model)."""
@@ -69,7 +71,7 @@ class Embeddings(nn.Module):
         self.tokens, self.positions = token_embedding, positions
         self.segments = SegmentEmbedding(token_embedding.embedding_dim, segment_stride)
         self.scale = math.sqrt(token_embedding.embedding_dim)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, tokens: Tensor, positions: Tensor | None = None, segment_ids: Tensor | None = None,
                 start_pos: int = 0) -> Tensor:

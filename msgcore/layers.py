@@ -12,6 +12,7 @@ wraps it in the residual connection and norm, for a model that needs to change t
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -51,13 +52,47 @@ class LayerCache:
         return LayerCache(self_kv, cross_kv)
 
 
+def keep_mask(shape: torch.Size, p: float, device: torch.device) -> Tensor:
+    """A bool mask of `shape`, each element True (kept) with probability 1 - p, p taken to 16 bits.
+
+    Each element reads one 16-bit lane of int64 draws over their full range (`random_`, four lanes per draw):
+    # Deviation: P(drop) is round(p * 2^16) / 2^16, not p (|difference| < 8e-6).
+    """
+    n = math.prod(shape)
+    lanes = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-2 ** 63, None).view(torch.int16)
+    return (lanes[:n] >= round(p * 65536) - 32768).view(shape)
+
+
+class Dropout(nn.Module):
+    """Inverted dropout (Srivastava et al., 2014): zero each element with probability p, scale the rest by
+    1 / (1 - p); the identity in eval mode. On a GPU it is torch's dropout. On a CPU torch draws one Bernoulli sample
+    per element from a scalar generator, which took 16% of a bf16 training step at `small` on 2 threads; the mask
+    of `keep_mask` is about 3x faster over forward and backward."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise MsgcoreError(f"dropout probability {p} is out of range (0 <= p < 1)")
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if x.device.type != "cpu":
+            return nn.functional.dropout(x, self.p, training=True)
+        return x * (keep_mask(x.shape, self.p, x.device).to(x.dtype) * (1.0 / (1.0 - self.p)))
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2 (§3.3, Eq. 2)."""
 
     def __init__(self, d_model: int, d_ff: int, dropout: float):
         super().__init__()
         self.w1, self.w2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(self.dropout(torch.relu(self.w1(x))))  # Eq. (2)
@@ -69,7 +104,7 @@ class ResidualLayer(nn.Module):
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()
         self.pre_norm = pre_norm
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def before(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
         """The sub-layer's input: normalised first in pre-norm."""

@@ -37,7 +37,7 @@ import torch
 from msgcore import dryrun
 from msgcore.utils import MsgcoreError, atomic_write, git_commit, pid_lock
 
-RESULTS_VERSION = 2  # bump when training results change for a reason the code fingerprint cannot see (a dependency's
+RESULTS_VERSION = 3  # bump when training results change for a reason the code fingerprint cannot see (a dependency's
 # behaviour, data handling outside msgcore); tests/test_golden_numerics.py pins a tiny run's losses per version
 # The modules whose code decides every run's numbers; a model's own module and its trainer's join them per run.
 NUMERICS_MODULES = ("msgcore.attention", "msgcore.batching", "msgcore.embeddings", "msgcore.generation",

@@ -40,7 +40,8 @@ from msgcore import distributed
 from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batches
 from msgcore.generation import GenerationConfig
 from msgcore.metrics import corpus_score
-from msgcore.utils import CheckpointError, MsgcoreError, TrainingError, atomic_write, remove_temporaries
+from msgcore.utils import CheckpointError, MsgcoreError, TrainingError, atomic_write, keep_freed_memory, \
+    remove_temporaries
 
 def numerics(device: torch.device, amp_dtype: torch.dtype | None, sdpa_backends: list[SDPBackend]):
     """The context a forward (and its backward) runs in: autocast to `amp_dtype` (None = fp32) and torch's SDPA
@@ -242,6 +243,8 @@ class Trainer:
         if self.amp_dtype is None and native_bf16(device):
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fp32 on Ampere+: TF32
         self.sdpa_backends = self.resolve_sdpa_backends(cfg.sdpa_backends, device)
+        if device.type == "cpu":
+            keep_freed_memory()  # large tensors reuse freed memory instead of fresh, page-faulting mappings
         self.world, self.rank = distributed.world_size(), distributed.rank()
         self.ddp = None  # the DistributedDataParallel wrapper, when several processes train together
         if self.world > 1:

@@ -79,6 +79,30 @@ def check_seed(seed: int) -> int:
     return seed
 
 
+def keep_freed_memory() -> bool:
+    """Make this process's allocator keep the memory it frees, for the next tensor of the same size (glibc only;
+    False elsewhere, where nothing changes).
+
+    glibc serves a block above its mmap threshold (at most 32 MB) with a fresh mapping and unmaps it when freed,
+    so every large tensor (a training step's (N, V) logits and their gradient: 65 MB at 4,096 tokens and V =
+    8,000) is zero-filled page by page by the kernel again at each step. On 2 CPU threads that made converting
+    one such tensor from bf16 to fp32 take 36 ms instead of 5. With mmap off and trimming off, freed blocks stay
+    in the heap: the process keeps its peak memory, and the step stops paying for page faults.
+    """
+    import ctypes
+    import ctypes.util
+
+    if platform.system() != "Linux":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
+    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2 ** 31 - 1))
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (all devices)."""
     random.seed(seed)

@@ -71,3 +71,14 @@ def test_every_row_ignored_gives_zero_loss_and_gradient():
     value = L.LabelSmoothedCrossEntropy.apply(logits, torch.zeros(5, dtype=torch.long), 0, 0.1)
     value.backward()
     assert value.item() == 0.0 and not logits.grad.any()
+
+
+def test_a_second_backward_through_the_in_place_gradient_is_refused_not_wrong():
+    logits = torch.randn(6, 11).to(torch.bfloat16).requires_grad_()
+    target = torch.tensor([1, 2, 3, 0, 5, 10])
+    loss = L.label_smoothed_cross_entropy(logits, target, ignore_index=0, label_smoothing=0.1)
+    (loss * 0.5).backward(retain_graph=True)
+    _, expected = reference(logits, target, 0, 0.1)
+    torch.testing.assert_close(logits.grad.float(), 0.5 * expected.float(), rtol=2e-2, atol=2e-3)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()  # the saved gradient was scaled in place: a second pass would be wrong, so torch refuses it

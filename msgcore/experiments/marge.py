@@ -22,7 +22,7 @@ from msgcore.foundations.denoiser import Denoiser, copy_model, derived_config, p
 from msgcore.recipes import CPU_BOOK_SETTING, TranslationData, train_model
 from msgcore.retrieval import BatchConstructor, RetrievalConfig, embed_documents, link_precision
 from msgcore.trainer import Trainer, TrainConfig, numerics
-from msgcore.utils import CheckpointError, MsgcoreError
+from msgcore.utils import CheckpointError, MsgcoreError, keep_freed_memory
 
 PAD, BOS, EOS = 0, 1, 2  # the ids `toy_documents` reserves (the core tokenizer uses 0, 2, 3 for pad, bos, eos)
 
@@ -194,6 +194,8 @@ def pretrain(model, constructor: BatchConstructor, steps: int, lr: float = 1e-3,
     """
     device, steps = torch.device(device), dryrun.updates(steps)  # a dry run's caps, if any
     amp_dtype, backends = Trainer.resolve_amp(amp, device), Trainer.resolve_sdpa_backends(sdpa_backends, device)
+    if device.type == "cpu":
+        keep_freed_memory()  # as the core Trainer does
     if amp_dtype == torch.float16:
         raise MsgcoreError("MARGE's pre-training loop runs in fp32 or bf16, not fp16 (it keeps no gradient scaler)")
     params = [p for p in model.parameters() if p.requires_grad]
