@@ -55,6 +55,9 @@ from msgcore.utils import MsgcoreError, atomic_write, device_name, git_commit, k
 H100_BF16_PEAK = 790e12  # FLOP/s on large bf16 matmuls, measured on the lent H100/H200 (see DEVELOPERS.md)
 
 
+REPORTS_DIR = Path(__file__).resolve().parent.parent / "book" / "benchmarks"  # the committed reports the appendix reads
+
+
 @dataclass
 class BenchConfig:
     device: str = "auto"  # "auto": CUDA when visible, else CPU

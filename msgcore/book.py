@@ -228,6 +228,87 @@ def _one_line(text: str, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+PROGRESS_EVERY_S = 60.0  # how often a running chapter reports its cell and its run in training
+
+
+def running_cell(notebook: Path) -> str | None:
+    """'cell 7 of 31 (`# Both directions go ...`) for 4.2 min' for the cell papermill is executing, read from the
+    output notebook it saves as each cell starts; None when no cell runs (or the file is mid-write)."""
+    import json
+
+    try:
+        cells = [c for c in json.loads(notebook.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code"]
+    except (OSError, ValueError, KeyError):
+        return None
+    for number, cell in enumerate(cells, 1):
+        meta = cell.get("metadata", {}).get("papermill", {})
+        if meta.get("status") == "running" and meta.get("start_time"):
+            started = datetime.fromisoformat(meta["start_time"].replace("Z", "+00:00"))
+            minutes = (datetime.now(started.tzinfo) - started).total_seconds() / 60
+            source = "".join(cell.get("source", ""))
+            return f"cell {number} of {len(cells)} (`{_one_line(source, 40)}`) for {minutes:.1f} min"
+    return None
+
+
+def run_in_training(cache: Path | None, since: float) -> str | None:
+    """'training run-1a2b...: update 750, loss 3.21, 8.1k target tokens/s, dev BLEU 31.4 at update 750' from the
+    newest unfinished run cache entry changed after `since` (its log.json, written at each validation)."""
+    import json
+
+    if cache is None or not cache.is_dir():
+        return None
+    logs = [log for log in cache.glob("*/log.json") if not (log.parent / "meta.json").exists()]
+    logs += [log for log in cache.glob("*/work/log.json") if not (log.parent.parent / "meta.json").exists()]
+    logs = [log for log in logs if log.stat().st_mtime >= since]
+    if not logs:
+        return None
+    newest = max(logs, key=lambda log: log.stat().st_mtime)
+    try:
+        history = json.loads(newest.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    train = [row for row in history if row.get("kind") == "train"]
+    valid = [row for row in history if row.get("kind") == "valid" and "valid_bleu" in row]
+    if not train:
+        return None
+    name = newest.parent.name if newest.parent.name != "work" else newest.parent.parent.name
+    line = f"training {name}: update {train[-1]['step']:,}, loss {train[-1]['loss']:.2f}"
+    if "tokens_per_s" in train[-1]:
+        line += f", {train[-1]['tokens_per_s'] / 1000:.1f}k target tokens/s"
+    if valid:
+        line += f", dev BLEU {valid[-1]['valid_bleu']:.1f} at update {valid[-1]['step']:,}"
+    return line
+
+
+class ChapterProgress:
+    """While a chapter executes, print every PROGRESS_EVERY_S seconds which cell runs and for how long, and the
+    training run in flight, on the runner's console only (the notebooks stay as they are)."""
+
+    def __init__(self, notebook: Path, every_s: float = PROGRESS_EVERY_S):
+        import threading
+
+        from msgcore import runcache
+
+        self.notebook, self.every_s, self.since = notebook, every_s, time.time()
+        self.cache = runcache.cache_root()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.report, daemon=True)
+
+    def report(self) -> None:
+        while not self.stopped.wait(self.every_s):
+            parts = [part for part in (running_cell(self.notebook), run_in_training(self.cache, self.since)) if part]
+            if parts:
+                print("  " + "; ".join(parts), flush=True)
+
+    def __enter__(self) -> ChapterProgress:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+
 def execute_chapter(src: Path, dst: Path, scale: str, device: str = "auto", seed: int = 0,
                     timeout: float | None = None) -> ChapterResult:
     """Run notebook `src` with papermill into `dst` (cwd = dst's folder); never raises on a cell error."""
@@ -238,10 +319,12 @@ def execute_chapter(src: Path, dst: Path, scale: str, device: str = "auto", seed
     reuse_log.unlink(missing_ok=True)
     os.environ["MSGCORE_REUSE_LOG"] = str(reuse_log.resolve())  # the kernel inherits the runner's environment
     try:
-        pm.execute_notebook(
-            str(src), str(dst), parameters=dict(scale=scale, device=device, seed=seed),
-            kernel_name="python3", cwd=str(dst.parent), progress_bar=False, log_output=False,
-            request_save_on_cell_execute=True, execution_timeout=timeout)
+        with ChapterProgress(dst):
+            pm.execute_notebook(
+                str(src), str(dst), parameters=dict(scale=scale, device=device, seed=seed),
+                kernel_name="python3", cwd=str(dst.parent), progress_bar=False, log_output=False,
+                request_save_on_cell_execute=True, execution_timeout=timeout,
+                extra_arguments=["--IPKernelApp.log_level=ERROR"])  # no "running over TCP" warning per chapter
         error = ""
     except pm.PapermillExecutionError as e:
         error = f"cell In[{e.exec_count}] `{_one_line(e.source, 60)}`: {e.ename}: {_one_line(e.evalue)}"
@@ -423,8 +506,17 @@ def main_job(root: Path = REPO_ROOT, *, device: str = "auto", seed: int = 0, tim
     report = run_book(root, [live], "small", device=device, seed=seed, timeout=timeout)
     print(f"\nthe book (committed outputs of the real runs): {html}\n"
           f"live check ({live} at small, {'ok' if report.ok else 'FAILED'}): {report.run_dir}\n"
-          f"{reproduce_hint(list(chapters))}", flush=True)
+          f"{live_check_note(report)}\n{reproduce_hint(list(chapters))}", flush=True)
     return 0 if report.ok else 1
+
+
+def live_check_note(report: RunReport) -> str:
+    """What the live check exercised: training, or only the notebook against runs the cache already held."""
+    reused = sum(len(r.reused) for r in report.results)
+    if not reused:
+        return "it trained every run it needed on this machine"
+    return (f"it reused {reused} runs from the run cache (trained nothing it found there): it checked the notebook, "
+            f"decoding and scoring on this machine; MSGCORE_RUNS=off python -m msgcore.book main also trains them")
 
 
 def default_root() -> Path:

@@ -1,6 +1,7 @@
 """Tests of the book runner (msgcore.book) on tiny temporary books; the kernel tests take a few seconds each."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import nbformat
@@ -286,3 +287,48 @@ def test_a_placeholder_repository_url_builds_no_launch_or_repository_buttons(tin
     (tiny_book / "_config.yml").write_text(yaml.safe_dump(config))
     run_dir = book.make_run_dir(tiny_book, "smoke", tiny_book / "runs" / "b")
     assert yaml.safe_load((run_dir / "_config.yml").read_text()) == config  # a real URL: every button stays
+
+
+# ---- progress while a chapter runs ------------------------------------------------------------------------
+
+def test_the_running_cell_is_read_from_papermills_saved_notebook(tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    from msgcore.book import running_cell
+
+    started = (datetime.now(timezone.utc) - timedelta(minutes=3)).isoformat()
+    cells = [{"cell_type": "markdown", "source": "# t", "metadata": {}},
+             {"cell_type": "code", "source": "x = 1", "metadata": {"papermill": {"status": "completed"}}},
+             {"cell_type": "code", "source": "train(model)\nmore", "metadata": {"papermill": {
+                 "status": "running", "start_time": started}}},
+             {"cell_type": "code", "source": "plot()", "metadata": {"papermill": {"status": "pending"}}}]
+    notebook = tmp_path / "nb.ipynb"
+    notebook.write_text(json.dumps({"cells": cells}))
+    assert running_cell(notebook) == "cell 2 of 3 (`train(model)`) for 3.0 min"  # its first line
+    notebook.write_text("{half a file")  # papermill mid-write: nothing to say this time, no error
+    assert running_cell(notebook) is None
+
+
+def test_the_run_in_training_is_the_newest_unfinished_entry(tmp_path):
+    import time
+
+    from msgcore.book import run_in_training
+
+    history = [{"kind": "train", "step": 100, "loss": 4.5, "tokens_per_s": 8100.0},
+               {"kind": "valid", "step": 100, "valid_bleu": 12.34}, {"kind": "train", "step": 200, "loss": 3.2}]
+    for name, finished in (("run-old", True), ("run-new", False)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "log.json").write_text(json.dumps(history))
+        if finished:
+            (tmp_path / name / "meta.json").write_text("{}")
+    assert run_in_training(tmp_path, time.time() - 60) == \
+        "training run-new: update 200, loss 3.20, dev BLEU 12.3 at update 100"
+    assert run_in_training(tmp_path, time.time() + 60) is None  # nothing changed since the chapter started
+    assert run_in_training(None, 0.0) is None
+
+
+def test_the_live_check_says_plainly_whether_it_trained_or_reused():
+    trained = book.RunReport(Path("r"), [book.ChapterResult("ch00", "small", "ok", 20.0)])
+    reused = book.RunReport(Path("r"), [book.ChapterResult("ch00", "small", "ok", 1.2, reused=["run-a", "run-b"])])
+    assert book.live_check_note(trained) == "it trained every run it needed on this machine"
+    assert book.live_check_note(reused).startswith("it reused 2 runs from the run cache (trained nothing")
