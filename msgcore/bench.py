@@ -178,6 +178,11 @@ def torch_loss(model, batch, label_smoothing: float = 0.0) -> torch.Tensor:
                            reduction="sum", label_smoothing=label_smoothing)
 
 
+def torch_dropout(self, x):
+    """msgcore.layers.Dropout as torch's own (one Bernoulli draw per element on a CPU): the dropout ablation."""
+    return torch.nn.functional.dropout(x, self.p, self.training)
+
+
 def math_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **_):
     """SDPA's signature over msgcore's written-out attention (the "math path" ablation)."""
     if is_causal:
@@ -218,6 +223,8 @@ def train_worker(spec: dict, cfg: BenchConfig) -> dict:
         MultiHeadAttention.queries_keys_values = fused_queries_keys_values  # likewise
     if spec.get("loss") == "torch":
         Transformer.loss = torch_loss  # likewise
+    if spec.get("dropout") == "torch":
+        layers_module.Dropout.forward = torch_dropout  # likewise
     if spec.get("compile"):
         model.compile()  # in place, so that model.loss -> model(batch) runs the compiled forward
     model.train()
@@ -570,6 +577,11 @@ def plan(presets: list[str], device: torch.device, skip_hf: bool, with_compile: 
         specs.append(dict(**book, loss="torch", against=BOOK_SETTING,
                           ablation="loss by F.cross_entropy over fp32 logits (against the book's CPU setting: "
                                    "bf16 autocast + the math kernel)"))
+        specs.append(dict(**book, dropout="torch", against=BOOK_SETTING,
+                          ablation="torch's dropout, one Bernoulli draw per element (against the book's CPU setting)"))
+        specs.append(dict(**book, allocator="default", against=BOOK_SETTING,
+                          ablation="the allocator's default: freed large tensors go back to the OS (against the "
+                                   "book's CPU setting)"))
     if dtype == "fp32" and not skip_hf:  # both libraries in the chapters' CPU setting, HF in its best one
         specs += book_setting_specs(first)
     if dtype == "fp32":  # where the chapters' CPU training spends its time: the presets their `small` recipes train
@@ -844,7 +856,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = BenchConfig(**job["cfg"])
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        if resolve_device(cfg.device).type == "cpu":
+        if resolve_device(cfg.device).type == "cpu" and job["spec"].get("allocator") != "default":
             keep_freed_memory()  # as msgcore's Trainer does on a CPU; every library's worker runs with it
         kind = job["spec"].get("of", job["spec"]["kind"])
         worker = {"train": train_worker, "peak": peak_worker}.get(kind, decode_worker)

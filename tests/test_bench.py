@@ -87,11 +87,14 @@ def test_a_change_on_top_of_an_ablation_is_measured_against_that_ablations_row()
     stacked_rows = [s for s in specs if "against" in s]
     for row in stacked_rows:
         assert sum(s.get("ablation") == row["against"] for s in specs) == 1  # its base row is measured too
-    kernel, loss, done = sorted(stacked_rows, key=lambda s: (s["kind"] == "decode", "loss" in s))
+    kernel = next(s for s in stacked_rows if s["against"] == "bf16 autocast")
     assert kernel["sdpa_backends"] == ["math"] and kernel["dtype"] == "bf16"
-    assert loss["against"] == kernel["ablation"] and loss["loss"] == "torch"  # the loss A/B in the book's setting
-    assert {k: v for k, v in loss.items() if k not in ("loss", "against", "ablation")} == \
-        {k: v for k, v in kernel.items() if k not in ("against", "ablation")}
+    for knob, value in (("loss", "torch"), ("dropout", "torch"), ("allocator", "default")):  # A/Bs in the book's setting
+        row = next(s for s in stacked_rows if knob in s)
+        assert row["against"] == kernel["ablation"] and row[knob] == value
+        assert {k: v for k, v in row.items() if k not in (knob, "against", "ablation")} == \
+            {k: v for k, v in kernel.items() if k not in ("against", "ablation")}
+    done = next(s for s in stacked_rows if s["kind"] == "decode")
     assert done["done sentences"] == "kept" and done["lengths"] == "source"  # same lengths as its base row
 
 
