@@ -1,0 +1,134 @@
+"""Architecture figures drawn from a built model, so that a chapter's diagram is the code's, not a drawing of it.
+
+    fig = architecture(model, title="Transformer (small)")
+
+`stacks(model)` finds every layer stack: a module holding a `layers` ModuleList (an encoder, a decoder, a fine
+encoder). Each stack becomes a column, read bottom to top: its embeddings, its layers (consecutive layers of the same
+structure drawn once, "× N"), then what follows them (final norm, output projection). A layer's line lists its
+sub-blocks in the order the module declares them, with their sizes. What attends to what is not in the module tree,
+so arrows are drawn only where the caller declares them: `flows={"decoder": ["encoder"]}`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from msgcore.layers import Dropout
+
+SKIPPED = (nn.Dropout, Dropout, nn.LayerNorm)  # the residual plumbing, not blocks of their own
+
+
+@dataclass
+class Stack:
+    name: str  # the stack's attribute path in the model, e.g. "encoder"
+    below: list[str]  # boxes under the layers (embeddings)
+    layers: list[tuple[str, int]]  # (a layer's text, how many consecutive layers share it)
+    above: list[str]  # boxes over the layers (final norm, output projection)
+
+
+def describe(module: nn.Module) -> str:
+    """One block in a few words: its class and the sizes that define it."""
+    kind = type(module).__name__
+    if isinstance(module, nn.Linear):
+        return f"{kind} {module.in_features}→{module.out_features}"
+    if isinstance(module, nn.Embedding):
+        return f"{kind} {module.num_embeddings}×{module.embedding_dim}"
+    heads = getattr(module, "n_heads", None)
+    if heads:
+        return f"{kind} ({heads} heads × {module.head_dim})"
+    embeddings = [m for m in module.children() if isinstance(m, nn.Embedding)]
+    if embeddings:
+        return f"{kind} ({', '.join(describe(m) for m in embeddings)})"
+    linears = [m for m in module.children() if isinstance(m, nn.Linear)]
+    if linears and len(linears) == len(list(module.children())) - sum(isinstance(m, SKIPPED)
+                                                                        for m in module.children()):
+        sizes = [linears[0].in_features] + [m.out_features for m in linears]
+        return f"{kind} {'→'.join(map(str, sizes))}"
+    return kind
+
+
+def layer_text(layer: nn.Module) -> str:
+    blocks = [f"{name}: {describe(child)}" for name, child in layer.named_children() if not isinstance(child, SKIPPED)]
+    return type(layer).__name__ + "\n" + "\n".join(blocks)
+
+
+def stacks(model: nn.Module) -> list[Stack]:
+    """The model's layer stacks in declaration order (a stack inside another stack's layers is part of that one)."""
+    found: list[Stack] = []
+    inside: list[str] = []
+    for name, module in model.named_modules():
+        if any(name.startswith(prefix + ".") for prefix in inside):
+            continue
+        layers = getattr(module, "layers", None)
+        if not isinstance(layers, nn.ModuleList) or not len(layers):
+            continue
+        inside.append(name)
+        grouped: list[tuple[str, int]] = []
+        for layer in layers:
+            text = layer_text(layer)
+            if grouped and grouped[-1][0] == text:
+                grouped[-1] = (text, grouped[-1][1] + 1)
+            else:
+                grouped.append((text, 1))
+        children = [(n, c) for n, c in module.named_children() if n != "layers"]
+        order = [n for n, _ in module.named_children()]
+        below = [f"{n}: {describe(c)}" for n, c in children if order.index(n) < order.index("layers")]
+        above = [f"{n}: {describe(c)}" for n, c in children if order.index(n) > order.index("layers")]
+        found.append(Stack(name or type(model).__name__, below, grouped, above))
+    return found
+
+
+def architecture(model: nn.Module, title: str | None = None, flows: dict[str, list[str]] | None = None):
+    """A matplotlib figure of `model`'s stacks, side by side, with an arrow from each stack in `flows[name]` to
+    stack `name` (see the module docstring)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch
+
+    columns = stacks(model)
+    if not columns:
+        raise ValueError(f"{type(model).__name__} has no layer stack (no module with a `layers` ModuleList)")
+    def lines(text: str) -> int:
+        return text.count("\n") + 1
+
+    height = max(sum(lines(t) * LINE + GAP for t in [*s.below, *(t for t, _ in s.layers), *s.above]) + 0.5 * len(s.layers)
+                 for s in columns) + 1.2
+    fig, ax = plt.subplots(figsize=(4.4 * len(columns), 0.42 * height + 0.8))
+    ax.set_xlim(0, len(columns))
+    ax.set_ylim(0, height)
+    ax.set_axis_off()
+    tops = []
+    for x, stack in enumerate(columns):
+        y = 0.2
+        for text in stack.below:
+            y = box(ax, x + 0.5, y, text, "#e8eef7")
+        for text, count in stack.layers:
+            y = box(ax, x + 0.5, y, text + (f"\n× {count}" if count > 1 else ""), "#fdf0d5")
+        for text in stack.above:
+            y = box(ax, x + 0.5, y, text, "#e8eef7")
+        ax.text(x + 0.5, y, stack.name, ha="center", va="bottom", fontsize=10, fontweight="bold")
+        tops.append(y)
+    position = {stack.name: x for x, stack in enumerate(columns)}
+    for target, sources in (flows or {}).items():
+        for source in sources:
+            if source not in position or target not in position:
+                raise ValueError(f"flows names {source!r} -> {target!r}; the stacks are {', '.join(position)}")
+            x, y = position[source], position[target]
+            ax.add_patch(FancyArrowPatch((x + (0.85 if y > x else 0.15), tops[x] - GAP), (y + (0.15 if y > x else 0.85),
+                                         tops[y] / 2), arrowstyle="-|>", mutation_scale=12, color="#555555",
+                                         connectionstyle="arc3,rad=-0.25"))
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+LINE, GAP = 0.42, 0.35  # the height of a text line and the gap between two boxes, in axis units
+
+
+def box(ax, x: float, y: float, text: str, color: str) -> float:
+    """Draw a box with `text` centred at x from height y; return the height above it."""
+    h = (text.count("\n") + 1) * LINE
+    ax.text(x, y + h / 2, text, ha="center", va="center", fontsize=8.5, family="monospace",
+            bbox=dict(boxstyle="round,pad=0.3", facecolor=color, edgecolor="#666666"))
+    return y + h + GAP

@@ -1,0 +1,34 @@
+"""Architecture figures (msgcore.figures) come from the built model's modules."""
+import matplotlib
+import pytest
+
+from msgcore.figures import architecture, stacks
+from msgcore.model import Transformer, preset
+
+matplotlib.use("Agg")
+
+
+def test_a_transformers_stacks_are_read_from_its_modules():
+    model = Transformer(preset("small", vocab_size=8000, pad_id=0))
+    encoder, decoder = stacks(model)
+    assert (encoder.name, decoder.name) == ("encoder", "decoder")
+    (text, count), = encoder.layers  # three identical layers are drawn once, "x 3"
+    assert count == 3 and "MultiHeadAttention (4 heads × 64)" in text and "FeedForward 256→1024→256" in text
+    assert "cross_attn" in decoder.layers[0][0] and "cross_attn" not in text
+    assert decoder.above == ["final_norm: LayerNorm", "output_projection: Linear 256→8000"]
+    assert encoder.below == ["embed: Embeddings (Embedding 8000×256)"]
+
+
+def test_a_layer_of_another_structure_gets_its_own_box():
+    model = Transformer(preset("tiny", vocab_size=100, pad_id=0))
+    del model.encoder.layers[1].ffn  # the second layer now differs from the first
+    assert [count for _, count in stacks(model)[0].layers] == [1, 1]
+
+
+def test_arrows_only_between_stacks_that_exist():
+    model = Transformer(preset("tiny", vocab_size=100, pad_id=0))
+    assert architecture(model, flows={"decoder": ["encoder"]}).axes
+    with pytest.raises(ValueError, match="the stacks are encoder, decoder"):
+        architecture(model, flows={"decoder": ["fine_encoder"]})
+    with pytest.raises(ValueError, match="no layer stack"):
+        architecture(model.encoder.layers[0])
