@@ -101,3 +101,13 @@ def test_the_command_line_caps_are_the_smaller_of_both(monkeypatch):
     dryrun.set_caps()
     apply_cap_options(parser.parse_args(["--max-updates", "50"]))
     assert dryrun.caps() == dryrun.Caps(50, 0)
+
+
+def test_the_denoiser_holds_out_at_most_half_of_a_short_text():
+    from msgcore.foundations.denoiser import split_heldout
+
+    texts = {"en": [f"e{i}" for i in range(1000)], "de": [f"d{i}" for i in range(24)]}  # a dry run's capped split
+    train, heldout = split_heldout(texts, 200)
+    assert (len(train["en"]), len(heldout["en"])) == (800, 200) and heldout["en"][0] == "e800"
+    assert (len(train["de"]), len(heldout["de"])) == (12, 12)  # before: 0 left to pre-train on
+    assert split_heldout(texts, 0) == (texts, {"en": [], "de": []})

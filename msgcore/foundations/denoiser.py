@@ -258,8 +258,11 @@ def copy_model(model: TriceTransformer) -> TriceTransformer:
 
 
 def split_heldout(texts: dict[str, list[str]], n: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """(pre-training text, held-out clean text): the last `n` sentences of each language are held out."""
-    return {lang: s[:-n] if n else list(s) for lang, s in texts.items()}, {lang: s[-n:] if n else [] for lang, s in texts.items()}
+    """(pre-training text, held-out clean text): the last `n` sentences of each language are held out, at most half
+    of them (a short text, such as a dry run's capped one, keeps sentences to pre-train on)."""
+    cut = {lang: min(n, len(s) // 2) for lang, s in texts.items()}
+    return ({lang: s[:len(s) - cut[lang]] for lang, s in texts.items()},
+            {lang: s[len(s) - cut[lang]:] for lang, s in texts.items()})
 
 
 def denoising_data(tasks: Tasks, scale: DenoiserScale, seed: int = 0) -> TranslationData:
