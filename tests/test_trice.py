@@ -178,3 +178,46 @@ def test_cross_source_attention_weights_are_distributions_over_the_other_sources
     assert w[0, :, :, ~others_mask[0]].abs().max() == 0  # padding of the other sources gets no weight
     with pytest.raises(ValueError, match="no fine encoder"):
         trice(fine_layers=0).cross_source_attention(toks, masks)
+
+
+@pytest.mark.parametrize("pre_norm", [True, False])
+def test_fine_cross_attention_reads_the_other_sources_self_attention_outputs_as_eq_12(pre_norm):
+    """Eq. (11-13): keys and values are B_j (the other sources after this layer's self-attention), not A_j^(i-1)."""
+    torch.manual_seed(0)
+    model = trice(fine_layers=2, pre_norm=pre_norm)
+    layer = model.fine_encoder.layers[1]
+    seen = []
+    layer.cross_attn.register_forward_pre_hook(lambda module, args: seen.append(args[1]))
+    toks, masks = sources(2)
+    states = [torch.randn(3, n, 32) for n in (5, 7)]
+    layer(states, masks)
+    others = layer.self_attend(states[1], masks[1])  # B_1, what source 0 must read
+    torch.testing.assert_close(seen[0], layer.before(others, layer.cross_attn_norm))
+    assert not torch.allclose(seen[0], layer.before(states[1], layer.cross_attn_norm), atol=1e-3)
+
+
+def test_one_long_sequence_has_continuous_positions_and_the_trice_encoder_restarts_them():
+    toks, masks = sources(2)
+    seen = {}
+
+    def recording(forward, restart):
+        def wrapped(*args, **kwargs):
+            seen[restart] = kwargs["positions"]
+            return forward(*args, **kwargs)
+        return wrapped
+
+    for restart in (True, False):
+        model = trice(fine_layers=0, restart_positions=restart, segment_embedding=False)
+        model.encoder.forward = recording(model.encoder.forward, restart)
+        model.coarse_encode(toks, masks)
+    lengths = [int(m[1].sum()) for m in masks]  # sentence 1 has no padding
+    assert seen[True][1].tolist() == list(range(lengths[0])) + list(range(lengths[1]))
+    assert seen[False][1].tolist() == list(range(sum(lengths)))
+    n = int(masks[0][0].sum() + masks[1][0].sum())  # sentence 0: padding at the end gets position 0
+    assert seen[False][0, :n].tolist() == list(range(n)) and not seen[False][0, n:].any()
+
+
+def test_fine_layers_without_cross_attention_build_no_cross_attention_parameters():
+    with_ca = {n for n, _ in trice(fine_layers=1).fine_encoder.named_parameters()}
+    without = {n for n, _ in trice(fine_layers=1, fine_cross_attention=False).fine_encoder.named_parameters()}
+    assert without == {n for n in with_ca if "cross_attn" not in n} and without != with_ca

@@ -37,7 +37,7 @@ from msgcore.generation import Ensemble, GenerationConfig
 from msgcore.metrics import corpus_score
 from msgcore.model import TransformerConfig
 from msgcore.models.postech_ape import PostechAPE, PostechConfig, from_pretrained
-from msgcore.models.trice import TriceTransformer, from_single_source
+from msgcore.models.trice import ONE_LONG_SEQUENCE, TriceTransformer, from_single_source
 from msgcore.recipes import CPU_BOOK_SETTING, RunResult, TranslationData, get_scale, train_model
 from msgcore.scoreboard import read_system
 from msgcore.tokenizer import Tokenizer
@@ -356,7 +356,7 @@ def slug(name: str) -> str:
 def concat_model(ch: Chapter) -> TriceTransformer:
     """The concatenation baseline: the denoiser reading "src </s> <en> mt </s> <de>" with one encoder and one
     cross-attention (chapter 1's DualBART; the 2018 systems' single-encoder input)."""
-    cfg = replace(ch.denoiser.model.cfg, fine_layers=0, separated_cross_attention=False, segment_embedding=False)
+    cfg = replace(ch.denoiser.model.cfg, **ONE_LONG_SEQUENCE)
     return from_single_source(ch.denoiser.model, cfg)
 
 

@@ -20,7 +20,8 @@ variant (`AdapterEncoderLayer`) adds new FFNs inside the coarse encoder instead.
 
 As in mBART and the authors' code, a LayerNorm follows the embedding sum (token + position + segment),
 in the encoder and in the decoder (`msgcore.embeddings.NormedEmbeddings`); the stand-in pre-training uses the same model.
-The new parameters learn at an absolute rate `fine_lr` (authors: 5e-4 against 5e-5 for the rest).
+The new parameters learn at the peak rate `fine_lr`, ten times the base rate in the recipes (authors: 5e-4
+against 5e-5).
 """
 from __future__ import annotations
 
@@ -45,10 +46,18 @@ class TriceConfig(TransformerConfig):
     separated_cross_attention: bool = True  # False = one cross-attention over all sources joined (Table 6)
     concatenated_encoding: bool = True  # False = the coarse encoder reads each source alone (Table 6)
     segment_embedding: bool = True  # add E_seg[k] to the tokens of source k (Table 6)
+    restart_positions: bool = True  # positions count from 0 in each source (authors' code); False = the packed
+    #                                 sources are one long sequence with continuous positions (DualBART)
     encoder_adapters: bool = False  # Table 5 "FFN adapter": an extra FFN sub-layer in every coarse encoder layer
     embedding_norm: bool = True  # LayerNorm after token + position + segment embeddings (mBART, authors' code)
     base_lr: float = 5e-5  # the peak learning rate the trainer uses for this run (authors: 5e-5)
     fine_lr: float = 5e-4  # absolute peak learning rate of the new (stage-2) parameters (authors: 5e-4)
+
+
+# DualBART (Table 3) and APE's concatenation baseline: the pre-trained model reading the K sources as one long
+# sequence: no fine encoder, one cross-attention over it, no segment embedding, continuous positions.
+ONE_LONG_SEQUENCE = dict(fine_layers=0, separated_cross_attention=False, segment_embedding=False,
+                         restart_positions=False)
 
 
 def join_sources(outs: list[EncoderOut]) -> EncoderOut:
@@ -65,32 +74,50 @@ def trice_embeddings(cfg: TriceConfig, token_embedding: nn.Embedding) -> Embeddi
 
 
 class FineEncoderLayer(ResidualLayer):
-    """One fine-encoder layer (§2.4): self-attention, cross-source attention, FFN.
+    """One fine-encoder layer (§2.4), run over all K sources at once: self-attention (Eq. 11), then each
+    source's cross-attention to the other sources' self-attention outputs B (Eq. 12-13), then the FFN (Eq. 14).
 
     # Deviation: the paper states K = 2 (source 1 attends to source 2 and vice versa). For any K,
     # source k attends to the concatenation of all other sources, with their padding masks.
+    In pre-norm the cross-attention normalises its keys and values with the same LayerNorm as its queries
+    (they are all the sub-layer's input B); in post-norm B is already normalised, as in the authors' code.
     """
 
     def __init__(self, cfg: TriceConfig):
         super().__init__(cfg.d_model, cfg.dropout, cfg.pre_norm)
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
-        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.self_attn_norm, self.ffn_norm = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
+        if cfg.fine_cross_attention:  # Table 5 "w/o CA" builds no cross-attention (its parameters are not counted)
+            self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+            self.cross_attn_norm = nn.LayerNorm(cfg.d_model)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
-        self.self_attn_norm, self.cross_attn_norm, self.ffn_norm = (nn.LayerNorm(cfg.d_model) for _ in range(3))
         self.use_cross_attention = cfg.fine_cross_attention
 
-    def forward(self, x: Tensor, mask: Tensor, others: EncoderOut | None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """x (B, S_k, D) with mask (B, S_k); `others` the other sources joined, or None when K = 1."""
+    def forward(self, states: list[Tensor], masks: list[Tensor],
+                need_weights: bool = False) -> tuple[list[Tensor], list[Tensor | None]]:
+        """states[k] (B, S_k, D) with masks[k] (B, S_k), True = real token. Returns A^(i) per source and, per
+        source, its weights over the other sources joined (None without cross-attention or when K = 1)."""
+        selfs = [self.self_attend(x, mask) for x, mask in zip(states, masks)]  # B_k^(i), Eq. (11)
+        crossed, weights = [], []
+        for k, (b, mask) in enumerate(zip(selfs, masks)):
+            others = [EncoderOut(o, m) for j, (o, m) in enumerate(zip(selfs, masks)) if j != k]
+            c, w = self.cross_attend(b, join_sources(others) if others else None, need_weights)  # Eq. (12-13)
+            crossed.append(self.after(c, self.ffn(self.before(c, self.ffn_norm)), self.ffn_norm))  # Eq. (14)
+            weights.append(w)
+        return crossed, weights
+
+    def self_attend(self, x: Tensor, mask: Tensor) -> Tensor:
         h, _, _ = self.self_attn(self.before(x, self.self_attn_norm), mask=mask[:, None, None, :])
-        x = self.after(x, h, self.self_attn_norm)  # Eq. (11)
-        weights = None
-        if self.use_cross_attention and others is not None:
-            h, _, weights = self.cross_attn(self.before(x, self.cross_attn_norm), others.hidden,
-                                            others.mask[:, None, None, :], need_weights=need_weights)
-            x = self.after(x, h, self.cross_attn_norm)  # Eq. (12-13)
-        x = self.after(x, self.ffn(self.before(x, self.ffn_norm)), self.ffn_norm)  # Eq. (14)
-        return x, weights
+        return self.after(x, h, self.self_attn_norm)  # Eq. (11)
+
+    def cross_attend(self, b: Tensor, others: EncoderOut | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """C_k = CrossAtt(B_k, O_\\k, O_\\k): `others` holds the other sources' B, joined (Eq. 12)."""
+        if not self.use_cross_attention or others is None:
+            return b, None
+        keys = self.before(others.hidden, self.cross_attn_norm)
+        h, _, weights = self.cross_attn(self.before(b, self.cross_attn_norm), keys, others.mask[:, None, None, :],
+                                        need_weights=need_weights)
+        return self.after(b, h, self.cross_attn_norm), weights  # Eq. (13)
 
 
 class FineEncoder(nn.Module):
@@ -103,19 +130,11 @@ class FineEncoder(nn.Module):
 
     def forward(self, coarse: list[EncoderOut], need_weights: bool = False):
         """Returns one EncoderOut per source and, per layer, each source's cross-source weights."""
-        states, attention = [o.hidden for o in coarse], []
+        states, masks, attention = [o.hidden for o in coarse], [o.mask for o in coarse], []
         for layer in self.layers:
-            current = [EncoderOut(h, o.mask) for h, o in zip(states, coarse)]  # all sources at this depth
-            updated, layer_weights = [], []
-            for k, source in enumerate(current):
-                others = [o for j, o in enumerate(current) if j != k]
-                others = join_sources(others) if others else None  # Eq. (12): O_\k, the other sources joined
-                x, w = layer(source.hidden, source.mask, others, need_weights)
-                updated.append(x)
-                layer_weights.append(w)
-            states = updated
+            states, layer_weights = layer(states, masks, need_weights)  # A^(i) from A^(i-1), Eq. (11-14)
             attention.append(layer_weights)
-        outs = [EncoderOut(self.final_norm(h), o.mask) for h, o in zip(states, coarse)]
+        outs = [EncoderOut(self.final_norm(h), mask) for h, mask in zip(states, masks)]
         return outs, attention
 
 
@@ -196,7 +215,10 @@ class TriceTransformer(Transformer):
         if not self.cfg.concatenated_encoding:
             return [self.encoder(tokens, mask) for tokens, mask in zip(sources, source_masks)]
         tokens, segments, positions, mask = concatenate_sources(sources, source_masks, self.cfg.pad_id)
-        # Positions restart at 0 for each source (authors' code); Eq. (8) adds E_seg[k].
+        # Positions restart at 0 for each source (authors' code); Eq. (8) adds E_seg[k]. DualBART reads the
+        # sources as one long sequence instead: continuous positions, the only cue without a segment embedding.
+        if not self.cfg.restart_positions:
+            positions = (mask.cumsum(1) - 1).clamp(min=0) * mask  # (B, S) 0 .. len-1 across the sources
         # With one source there is nothing to tell apart: no segment embedding, a plain seq2seq model.
         segments = segments if self.cfg.segment_embedding and len(sources) > 1 else None
         packed = self.encoder(tokens, mask, positions=positions, segment_ids=segments)  # Eq. (9)
@@ -222,8 +244,8 @@ class TriceTransformer(Transformer):
         return [name for name, _ in self.named_parameters() if is_new_parameter(name)]
 
     def parameter_groups(self) -> list[dict]:
-        """The stage-2 parameters are new: they learn at the absolute rate `fine_lr` (authors' code: 5e-4
-        against 5e-5). The trainer multiplies its peak lr (`base_lr`) by `lr_scale`, hence the ratio."""
+        """The stage-2 parameters are new: they learn at the peak rate `fine_lr` (authors' code: 5e-4 against
+        5e-5). The trainer multiplies its peak lr (`base_lr`) by `lr_scale`, hence the ratio."""
         new = set(self.new_parameter_names())
         named = list(self.named_parameters())
         groups = [{"params": [p for n, p in named if n not in new], "lr_scale": 1.0}]
