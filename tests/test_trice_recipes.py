@@ -57,7 +57,7 @@ def test_stages_chain_and_every_system_trains(tmp_path):
     stage1, stage2 = train_trice(pretrained, data, SCALE, CPU, tmp_path / "trice")
     torch.testing.assert_close(pretrained.encoder.layers[0].ffn.w1.weight, before)  # the pre-trained model is kept
     assert isinstance(stage2.model, TriceTransformer) and stage2.model.fine_encoder is not None
-    assert stage2.model.cfg.base_lr == STEPS.lr and stage2.model.cfg.fine_lr == SCALE.fine_lr
+    assert stage2.model.cfg.base_lr == STEPS.lr and stage2.model.cfg.fine_lr == SCALE.fine_lr_ratio * STEPS.lr
     assert not torch.equal(stage1.model.encoder.layers[0].ffn.w1.weight, before)  # stage 1 trained
     assert any(r["kind"] == "valid" for r in stage2.history)
     dualbart = train_dualbart(pretrained, data, SCALE, CPU, tmp_path / "dualbart")
@@ -123,3 +123,35 @@ def test_ted_runs_return_trices_first_stage_for_its_budget(tmp_path):
     (stage1, read1), (stage2, read2) = runs["TRICE stage 1"], runs["TRICE"]
     assert stage1.model.fine_encoder is None and stage2.model.fine_encoder is not None
     assert read1 is single and read2 is data and updates(stage1) > 0 and updates(stage2) > 0
+
+
+def test_pretraining_text_keeps_each_sentence_once_and_takes_the_extra_columns(tmp_path):
+    from msgcore.foundations.denoiser import monolingual_text
+
+    data = toy_data(tmp_path)
+    train = data.corpora["train"]
+    tasks = {name: {"train": train} for name in ("m30k", "ape", "ted")}  # the same text three times
+    text = monolingual_text(tasks, 0, [("cs", ["ahoj", "ahoj", " "]), (train.target_lang, ["an extra one"])])
+    assert text["cs"] == ["ahoj"]
+    assert text[train.target_lang] == list(dict.fromkeys(train.target)) + ["an extra one"]
+    assert len(monolingual_text(tasks, 8, [])[train.target_lang]) <= 8  # a limit is drawn evenly from the columns
+
+
+def test_every_sentence_is_noised_once_per_draw_and_dev_reconstructs_a_fixed_noised_draw(tmp_path):
+    from dataclasses import replace
+
+    from msgcore.foundations.denoiser import denoising_data
+
+    data = toy_data(tmp_path)
+    tasks = toy_tasks(data)
+    one = denoising_data(tasks, replace(DENOISER, noise_draws=1, pretrain_copy_ratio=0.0))
+    three = denoising_data(tasks, replace(DENOISER, noise_draws=3, pretrain_copy_ratio=0.0))
+    n = len(one.encoded["train"].target)
+    assert len(three.encoded["train"].target) == 3 * n and three.encoded["train"].target[:n] == one.encoded["train"].target
+    assert three.encoded["train"].sources[0][:n] != three.encoded["train"].sources[0][n:2 * n]  # a new draw of noise
+    val, refs = three.encoded["val"], three.corpora["val"].target
+    assert len(val.target) == len(refs) == DENOISER.heldout_sentences * len(tasks.monolingual)
+    assert [data.tokenizer.decode(ids[1:]) for ids in val.target] == refs  # "<lang> pieces" -> the clean sentence
+    mask = data.tokenizer.mask_id
+    assert sum(mask in ids for ids in val.sources[0]) > len(refs) // 2  # the dev inputs are noised
+    assert denoising_data(tasks, DENOISER).encoded["val"].sources == val.sources  # the same draw every time

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
 from msgcore.batching import EncodedCorpus
-from msgcore.data import Corpus, load_ape, load_doc_level, load_multi30k, synthetic_corpus
+from msgcore.data import Corpus, load_ape, load_doc_level, load_mlqe_pe, load_multi30k, synthetic_corpus
 from msgcore.generation import GenerationConfig
 from msgcore.metrics import corpus_score
 from msgcore.model import TransformerConfig, preset
@@ -43,6 +44,8 @@ class DenoiserScale:
     vocab_size: int = 8000  # the joint sentencepiece vocabulary of all tasks and languages
     pretrain_sentences: int = 0  # monolingual sentences per language side for pre-training (0 = all)
     pretrain_copy_ratio: float = 0.2  # share of clean (unmasked) pre-training examples (msgcore.noising)
+    noise_draws: int = 1  # each pre-training sentence noised this many times, with different draws (mBART noises
+    #                       afresh every epoch; a few draws keep a many-epoch run from learning one draw by heart)
     heldout_sentences: int = 100  # clean sentences per language kept out of pre-training: its dev set
     train_examples: int = 0  # first N training examples of each task (0 = all)
     eval_examples: int = 0  # first N sentences of each dev/test set (0 = all)
@@ -65,13 +68,14 @@ DENOISER_SCALES: dict[str, DenoiserScale] = {
         vocab_size=1000, pretrain_sentences=600, heldout_sentences=10, train_examples=300, eval_examples=12,
         ted_test_documents=1, notes="CI only: checks that the chapters run end to end; its numbers mean nothing."),
     "small": DenoiserScale(
-        "tiny", dict(dropout=0.1),
-        pretraining(2400, 600, max_tokens=2048, lr=2e-3, warmup_steps=150, valid_max_sentences=200,
+        "small", dict(dropout=0.1),
+        pretraining(12000, 1000, max_tokens=4096, lr=1e-3, warmup_steps=1000, patience=3, valid_max_sentences=0,
                     **CPU_BOOK_SETTING),
-        vocab_size=6000, pretrain_sentences=12000, heldout_sentences=50, pretrain_copy_ratio=0.5, ted_test_documents=6,
-        notes="2 CPU threads, bf16 autocast and the math attention kernel: the `tiny` preset (2M parameters), at most "
-              "2,400 denoising updates on at most 12,000 sentences per language; the checkpoint that reconstructs "
-              "held-out text best is kept."),
+        vocab_size=8000, heldout_sentences=100, pretrain_copy_ratio=0.2, noise_draws=4,
+        notes="2 CPU threads, bf16 autocast and the math attention kernel: the `small` preset, as chapter 0's "
+              "Transformer, pre-trained on all of the book's training-side text (each sentence noised four times) "
+              "until reconstructing held-out noised text stops improving (3 validations every 1,000 updates, at most "
+              "12,000 updates); that checkpoint is kept."),
     "full": DenoiserScale(
         "small", dict(dropout=0.1),
         pretraining(30000, 3000, max_tokens=8192, lr=7e-4, warmup_steps=2000, valid_max_sentences=500),
@@ -185,21 +189,35 @@ def load_task_corpora(scale: DenoiserScale, seed: int = 0,
 
 
 def monolingual_text(tasks: dict[str, dict[str, Corpus]], limit: int,
-                     extra: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
-    """Stage-0 text: every language side of the training splits (Multi30k, APE, TED) and the `extra`
-    columns (Multi30k's Czech side). Each language gets at most `limit` sentences (0 = all), drawn
-    evenly from its sources."""
+                     extra: Sequence[tuple[str, Sequence[str]]] = ()) -> dict[str, list[str]]:
+    """Stage-0 text: every language side of the training splits (Multi30k, APE, TED) and the `extra` (language,
+    column) pairs (`extra_training_text`). Each language keeps each sentence once and gets at most `limit`
+    sentences (0 = all), drawn evenly from its columns."""
     columns: dict[str, list[list[str]]] = {}
     for name in ("m30k", "ape", "ted"):
         train = tasks[name]["train"]
         for lang, column in zip((*train.source_langs, train.target_lang), (*train.sources, train.target)):
-            columns.setdefault(lang, []).append([s for s in column if s.strip()])
-    for lang, column in (extra or {}).items():
-        columns.setdefault(lang, []).append(column)
+            columns.setdefault(lang, []).append(column)
+    for lang, column in extra:
+        columns.setdefault(lang, []).append(list(column))
     text = {}
     for lang, parts in columns.items():
         per_part = limit // len(parts) if limit else None
-        text[lang] = [s for part in parts for s in part[:per_part]]
+        text[lang] = list(dict.fromkeys(s for part in parts for s in part[:per_part] if s.strip()))
+    return text
+
+
+def extra_training_text(m30k_train_size: int) -> list[tuple[str, list[str]]]:
+    """Training-side text beyond the tasks' training splits, which no chapter tests or validates on: Multi30k's
+    Czech side (as many sentences as the De+Fr training set), MLQE-PE's training triplets (en source, de MT, de
+    post-edit), and the News Commentary and Europarl document-level dev sets (de, en). TED's dev set is the TED
+    task's training split already (minus the talks it validates on); no APE dev or test text, no test side."""
+    czech = load_multi30k("train", sources=("cs",), target="en").sources[0][:m30k_train_size]
+    mlqe = load_mlqe_pe("train", skip_empty=True)
+    text = [("cs", czech), ("en", mlqe.sources[0]), ("de", mlqe.sources[1]), ("de", mlqe.target)]
+    for corpus in ("nc", "europarl"):
+        dev = load_doc_level("dev", corpus, skip_empty=True)
+        text += [("de", dev.sources[1]), ("en", dev.target)]
     return text
 
 
@@ -220,10 +238,8 @@ def prepare_tasks(scale: DenoiserScale, seed: int = 0, allow_synthetic: bool = F
 
     `allow_synthetic`: fall back to the toy tasks when the real data cannot be had (smoke runs)."""
     corpora, synthetic = load_task_corpora(scale, seed, allow_synthetic)
-    czech = {}
-    if not synthetic:  # the Czech side of Multi30k, as many sentences as the De+Fr training set
-        czech["cs"] = load_multi30k("train", sources=("cs",), target="en").sources[0][:len(corpora["m30k"]["train"])]
-    mono = monolingual_text(corpora, scale.pretrain_sentences, czech)
+    extra = [] if synthetic else extra_training_text(len(corpora["m30k"]["train"]))
+    mono = monolingual_text(corpora, scale.pretrain_sentences, extra)
     texts = [s for sentences in mono.values() for s in sentences]
     tokenizer = Tokenizer.train(texts, vocab_size=scale.vocab_size, langs=tuple(mono), symbols=(SEP_PIECE,),
                                 seed=seed)
@@ -266,14 +282,20 @@ def split_heldout(texts: dict[str, list[str]], n: int) -> tuple[dict[str, list[s
 
 
 def denoising_data(tasks: Tasks, scale: DenoiserScale, seed: int = 0) -> TranslationData:
-    """Stage 0's data: noised -> clean on the monolingual text; its dev set is clean -> clean on held-out
-    sentences, so that dev BLEU is the reconstruction BLEU that picks the best checkpoint."""
+    """Stage 0's data: noised -> clean on the monolingual text, each sentence noised `scale.noise_draws` times; its
+    dev set is noised -> clean on held-out sentences (one draw), so that dev BLEU is the reconstruction BLEU that
+    picks the best checkpoint and levels off when denoising has converged. Clean held-out text is the gate's
+    (`reconstruction_bleu`)."""
     train_text, heldout = split_heldout(tasks.monolingual, scale.heldout_sentences)
-    train = denoising_corpus(train_text, tasks.tokenizer, seed=seed, copy_ratio=scale.pretrain_copy_ratio)
-    refs = [s for sentences in heldout.values() for s in sentences]
+    draws = [denoising_corpus(train_text, tasks.tokenizer, seed=seed * scale.noise_draws + draw,
+                              copy_ratio=scale.pretrain_copy_ratio) for draw in range(scale.noise_draws)]
+    train = EncodedCorpus([[ids for d in draws for ids in d.sources[0]]], [ids for d in draws for ids in d.target],
+                          tasks.tokenizer.bos_id, tasks.tokenizer.eos_id)
+    refs = [s for sentences in heldout.values() for s, ids in zip(sentences, tasks.tokenizer.encode_batch(sentences))
+            if ids]  # the sentences denoising_corpus keeps, in its order
     val = Corpus("monolingual", "val", ("any",), "any", [refs], refs)
-    return TranslationData(tasks.tokenizer, {"val": val},
-                           {"train": train, "val": copy_corpus(heldout, tasks.tokenizer)}, synthetic=tasks.synthetic)
+    noised = denoising_corpus(heldout, tasks.tokenizer, seed=-1 - seed)  # a fixed draw, never a training one
+    return TranslationData(tasks.tokenizer, {"val": val}, {"train": train, "val": noised}, synthetic=tasks.synthetic)
 
 
 def pretrain(tasks: Tasks, scale: DenoiserScale, device: torch.device, out_dir: Path, seed: int = 0) -> RunResult:
