@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 BOOK_FILES = ("_config.yml", "_toc.yml")
 STATIC = "_static"  # the book's own CSS (wrapping long output lines), copied beside the config
 WRAP_RULE = "white-space: pre-wrap"  # what the built HTML's stylesheet must carry
+LOCAL_MATHJAX = "_static/mathjax/tex-chtml.js"  # the MathJax the built pages load (sphinx-mathjax-offline)
 COPY_IGNORE = shutil.ignore_patterns(".ipynb_checkpoints", "_build", "__pycache__", ".*.tmp")
 
 
@@ -431,6 +433,7 @@ def build_book(book_dir: Path) -> Path:
         raise BuildError(f"jupyter-book build failed with exit status {code}; the warnings are printed above")
     html = book_dir / "_build" / "html"
     check_wrapping(html)
+    check_offline_math(html)
     return html / "index.html"
 
 
@@ -443,6 +446,17 @@ def check_wrapping(html: Path) -> None:
     if not css.is_file() or WRAP_RULE not in css.read_text(encoding="utf-8") or not linked:
         raise BuildError(f"the built book does not wrap long output lines: {css} with '{WRAP_RULE}', linked from "
                          f"its pages, is missing")
+
+
+def check_offline_math(html: Path) -> None:
+    """The built book renders its equations offline: every page that loads MathJax loads the copy served with
+    the book, and the copy is there."""
+    sources = {p.name: re.findall(r'<script[^>]*src="([^"]*mathjax[^"]*)"', p.read_text(encoding="utf-8"), re.I)
+               for p in html.rglob("*.html") if "_static" not in p.parts}
+    remote = sorted(name for name, srcs in sources.items() if any(LOCAL_MATHJAX not in src for src in srcs))
+    if remote or (any(sources.values()) and not (html / LOCAL_MATHJAX).is_file()):
+        raise BuildError(f"the built book loads MathJax from the network ({', '.join(remote) or 'no local copy'}): "
+                         f"install sphinx-mathjax-offline (requirements.txt), which serves {LOCAL_MATHJAX}")
 
 
 # ----------------------------------------------------------------------------- entry points

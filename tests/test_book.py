@@ -272,6 +272,27 @@ def test_the_books_stylesheet_wraps_long_output_lines_and_a_build_without_it_is_
         book.check_wrapping(html)
 
 
+def test_the_built_book_serves_its_own_mathjax_and_a_build_that_loads_a_cdn_is_refused(tmp_path: Path) -> None:
+    import yaml
+
+    assert "sphinx-mathjax-offline" in yaml.safe_load((REPO_ROOT / "_config.yml").read_text())["sphinx"][
+        "extra_extensions"]
+    html = tmp_path / "html"
+    html.mkdir()
+    (html / "index.html").write_text('<section class="tex2jax_ignore mathjax_ignore">no equations</section>')
+    book.check_offline_math(html)  # no page loads MathJax: nothing to serve
+    cdn = '<script src="https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js"></script>'
+    (html / "ch01.html").write_text(cdn)
+    with pytest.raises(book.BuildError, match="loads MathJax from the network .ch01.html"):
+        book.check_offline_math(html)
+    (html / "ch01.html").write_text(f'<script defer="defer" src="../{book.LOCAL_MATHJAX}"></script>')
+    with pytest.raises(book.BuildError, match="no local copy"):
+        book.check_offline_math(html)
+    (html / book.LOCAL_MATHJAX).parent.mkdir(parents=True)
+    (html / book.LOCAL_MATHJAX).write_text("/* MathJax */")
+    book.check_offline_math(html)
+
+
 def test_a_placeholder_repository_url_builds_no_launch_or_repository_buttons(tiny_book: Path) -> None:
     import yaml
 
