@@ -2,8 +2,8 @@
 
     fig = architecture(model, title="Transformer (small)")
 
-`stacks(model)` finds every layer stack: a module holding a `layers` ModuleList (an encoder, a decoder, a fine
-encoder). Each stack becomes a column, read bottom to top: its embeddings, its layers (consecutive layers of the same
+`stacks(model)` finds every layer stack: a module's ModuleList of layers (an encoder's or a decoder's `layers`, a fine
+encoder, POSTECH's `src_layers` and `mt_layers`). Each stack becomes a column, read bottom to top: its embeddings, its layers (consecutive layers of the same
 structure drawn once, "× N"), then what follows them (final norm, output projection). A layer's line lists its
 sub-blocks in the order the module declares them, with their sizes. What attends to what is not in the module tree,
 so arrows are drawn only where the caller declares them: `flows={"decoder": ["encoder"]}`.
@@ -54,29 +54,39 @@ def layer_text(layer: nn.Module) -> str:
 
 
 def stacks(model: nn.Module) -> list[Stack]:
-    """The model's layer stacks in declaration order (a stack inside another stack's layers is part of that one)."""
+    """The model's layer stacks in declaration order: every non-empty ModuleList of a module, named after the module
+    when the list is its `layers` and after the list otherwise (POSTECH's joint encoder holds `src_layers` and
+    `mt_layers`). A stack inside another stack's layers is part of that one."""
     found: list[Stack] = []
     inside: list[str] = []
     for name, module in model.named_modules():
-        if any(name.startswith(prefix + ".") for prefix in inside):
+        if any(name.startswith(prefix + ".") for prefix in inside) or isinstance(module, nn.ModuleList):
             continue
-        layers = getattr(module, "layers", None)
-        if not isinstance(layers, nn.ModuleList) or not len(layers):
-            continue
-        inside.append(name)
-        grouped: list[tuple[str, int]] = []
-        for layer in layers:
-            text = layer_text(layer)
-            if grouped and grouped[-1][0] == text:
-                grouped[-1] = (text, grouped[-1][1] + 1)
-            else:
-                grouped.append((text, 1))
-        children = [(n, c) for n, c in module.named_children() if n != "layers"]
-        order = [n for n, _ in module.named_children()]
-        below = [f"{n}: {describe(c)}" for n, c in children if order.index(n) < order.index("layers")]
-        above = [f"{n}: {describe(c)}" for n, c in children if order.index(n) > order.index("layers")]
-        found.append(Stack(name or type(model).__name__, below, grouped, above))
+        children = list(module.named_children())
+        order = [n for n, _ in children]
+        lists = [(n, c) for n, c in children if isinstance(c, nn.ModuleList) and len(c)]
+        for attr, layers in lists:
+            inside.append(f"{name}.{attr}" if name else attr)
+            others = [(n, c) for n, c in children if not isinstance(c, nn.ModuleList)]
+            below = [f"{n}: {describe(c)}" for n, c in others if order.index(n) < order.index(attr)]
+            above = [f"{n}: {describe(c)}" for n, c in others if order.index(n) > order.index(attr)]
+            label = name or type(model).__name__
+            if attr != "layers":
+                label = f"{name}.{attr}" if name else attr
+            found.append(Stack(label, below, group_layers(layers), above))
     return found
+
+
+def group_layers(layers: nn.ModuleList) -> list[tuple[str, int]]:
+    """Each layer's text, consecutive layers of the same text drawn once with their count."""
+    grouped: list[tuple[str, int]] = []
+    for layer in layers:
+        text = layer_text(layer)
+        if grouped and grouped[-1][0] == text:
+            grouped[-1] = (text, grouped[-1][1] + 1)
+        else:
+            grouped.append((text, 1))
+    return grouped
 
 
 def architecture(model: nn.Module, title: str | None = None, flows: dict[str, list[str]] | None = None):
@@ -87,7 +97,7 @@ def architecture(model: nn.Module, title: str | None = None, flows: dict[str, li
 
     columns = stacks(model)
     if not columns:
-        raise ValueError(f"{type(model).__name__} has no layer stack (no module with a `layers` ModuleList)")
+        raise ValueError(f"{type(model).__name__} has no layer stack (no module holds a ModuleList of layers)")
     def lines(text: str) -> int:
         return text.count("\n") + 1
 

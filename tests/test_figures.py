@@ -32,3 +32,20 @@ def test_arrows_only_between_stacks_that_exist():
         architecture(model, flows={"decoder": ["fine_encoder"]})
     with pytest.raises(ValueError, match="no layer stack"):
         architecture(model.encoder.layers[0])
+
+
+def test_every_papers_model_has_its_stacks_found_and_postechs_joint_encoder_has_two():
+    from msgcore.models.marge import MargeConfig, MargeTransformer
+    from msgcore.models.mixrep import MixRepConfig, MixRepTransformer
+    from msgcore.models.postech_ape import PostechAPE, PostechConfig
+    from msgcore.models.trice import TriceConfig, TriceTransformer
+
+    dims = dict(vocab_size=60, d_model=32, n_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, pad_id=0)
+    names = {cls.__name__: [s.name for s in stacks(cls(config(**dims)))]
+             for cls, config in ((PostechAPE, PostechConfig), (TriceTransformer, TriceConfig),
+                                 (MixRepTransformer, MixRepConfig), (MargeTransformer, MargeConfig))}
+    assert names["PostechAPE"][:2] == ["encoder.src_layers", "encoder.mt_layers"] and "decoder" in names["PostechAPE"]
+    assert names["TriceTransformer"] == ["encoder", "decoder", "fine_encoder"]
+    assert all(len(found) >= 2 for found in names.values()), names
+    postech = stacks(PostechAPE(PostechConfig(**dims)))
+    assert "src_attn" in postech[1].layers[0][0] and "src_attn" not in postech[0].layers[0][0]
