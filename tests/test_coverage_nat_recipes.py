@@ -247,7 +247,10 @@ def test_scales_take_chapter0s_teacher_and_fit_their_budgets():
     assert small.teacher_beam == 5 and small.distill_examples == 0 and small.latency_sentences == 0
     for scale in (small, full):  # the same gates at both scales
         assert (scale.max_repeats, scale.min_nat_bleu, scale.max_teacher_gap) == (15.0, 10.0, 8.0)
-    assert full.seeds == 3 and len(full.directions) == 2 and full.ablation is None
+    assert full.seeds == 3 and len(full.directions) == 2 and full.ablation is full.phase2
+    assert (full.phase2.max_steps, full.phase2.lr, full.phase2.schedule) == (1000, 1e-5, "constant")  # the paper's
+    phase1_runs = len(full.directions) * (2 * full.seeds + full.raw_data_baseline)
+    assert phase1_runs == 14 and phase1_runs * full.phase1.max_steps <= 140_000  # one T4 session's worth of updates
     assert small.phase1.label_smoothing == 0.1
 
 
