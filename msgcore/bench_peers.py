@@ -546,7 +546,83 @@ def hf_worker(job: dict) -> dict:
                          "optimizer": args.optim, "max_grad_norm": args.max_grad_norm}}
 
 
-WORKERS = {"msgcore": msgcore_worker, "msgcore-fused": msgcore_worker, "joeynmt": joeynmt_worker, "hf": hf_worker}
+# ---- the decoding anchor: chapter 0's model in msgcore and in CTranslate2 ------------------------------------
+
+DECODING_BATCH_SIZES = (1, 64)  # sentences a call: one at a time (latency), and a batch (throughput)
+
+
+def decoding_worker(job: dict) -> dict:
+    """Chapter 0's `small` De->En model (its run-cache entry; trained first if the cache lacks it) translating the
+    test set with beam `final_beam`, in corpus order, by msgcore (float32) and by CTranslate2 (the same weights
+    exported as float32 and as int8), at each of DECODING_BATCH_SIZES sentences a call, after a warm-up call."""
+    import ctranslate2
+    import torch
+
+    from msgcore import export_ctranslate2 as ct2
+    from msgcore.batching import EncodedCorpus
+    from msgcore.foundations.baselines import BASELINE_SCALES, baseline_data
+    from msgcore.generation import GenerationConfig
+    from msgcore.recipes import train_translation
+
+    scale, work = BASELINE_SCALES["small"], Path(job["work"])
+    data = baseline_data(scale, job.get("seed", 0))["De→En"]
+    run = train_translation(data, scale, torch.device("cpu"), work / "chapter0", seed=job.get("seed", 0))
+    model, tokenizer = run.model.eval(), data.tokenizer
+    refs = data.corpora[TEST_SPLIT].target[:job.get("test_limit") or None]
+    test = data.encoded[TEST_SPLIT]
+    test = EncodedCorpus([test.sources[0][:len(refs)]], test.target[:len(refs)], test.target_prefix, test.eos_id)
+    cfg = GenerationConfig(beam_size=job["final_beam"])
+    warm_up = EncodedCorpus([test.sources[0][:8]], test.target[:8], test.target_prefix, test.eos_id)
+    engines = {("msgcore", "float32"): lambda corpus, size: msgcore_decode(model, tokenizer, corpus, cfg, size)}
+    for quantization in ct2.QUANTIZATIONS:
+        translator = ctranslate2.Translator(str(ct2.export(model, tokenizer, work / f"ct2-{quantization}", quantization)),
+                                            device="cpu", inter_threads=1, intra_threads=job["threads"])
+        engines["CTranslate2", quantization] = (
+            lambda t: lambda corpus, size: ct2.translate(t, tokenizer, corpus, cfg, size))(translator)
+    rows = []
+    for size in DECODING_BATCH_SIZES:
+        for (decoder, weights), decode in engines.items():
+            progress(f"{decoder} {weights}, {size} sentence(s) a call")
+            decode(warm_up, size)  # the first calls pay for allocations and caches
+            started = time.perf_counter()
+            hyps = decode(test, size)
+            seconds = time.perf_counter() - started
+            rows.append({"decoder": decoder, "weights": weights, "batch size": size, "test BLEU": bleu(hyps, refs),
+                         "sentences/s": len(refs) / seconds, "ms per sentence": 1000 * seconds / len(refs)})
+    return {"version": f"CTranslate2 {ctranslate2.__version__}", "rows": rows, "sentences": len(refs),
+            "model": f"chapter 0's De->En run ({'reused from' if run.reused else 'trained into'} the run cache)",
+            "decoding": f"beam {cfg.beam_size}, length penalty {cfg.len_penalty}, at most "
+                        f"{cfg.max_len_a} x source + {cfg.max_len_b} tokens (CTranslate2: per call, its longest source)"}
+
+
+def msgcore_decode(model, tokenizer, test, cfg, size: int) -> list[str]:
+    """msgcore's beam search over `size` sentences a call, in corpus order (no length bucketing, as CTranslate2's)."""
+    import torch
+
+    from msgcore.batching import collate
+
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(test), size):
+            batch = collate(test, range(start, min(start + size, len(test))))
+            ids = model.generate(batch.sources, batch.source_masks, test.target_prefix, tokenizer.eos_id, cfg,
+                                 [tokenizer.pad_id, tokenizer.bos_id])
+            out += [tokenizer.decode(hyp) for hyp in ids]
+    return out
+
+
+def decoding_table(report: dict):
+    """The decoding anchor as a table, with each row's speed as a multiple of msgcore's at the same batch size."""
+    import pandas as pd
+
+    rows = (report.get("decoding") or {}).get("rows", [])
+    ours = {r["batch size"]: r["sentences/s"] for r in rows if r["decoder"] == "msgcore"}
+    return pd.DataFrame([{**{k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()},
+                          "speed vs msgcore": f"{r['sentences/s'] / ours[r['batch size']]:.2f}x"} for r in rows])
+
+
+WORKERS = {"msgcore": msgcore_worker, "msgcore-fused": msgcore_worker, "joeynmt": joeynmt_worker, "hf": hf_worker,
+           "ctranslate2": decoding_worker}
 
 
 def run_worker_here(job: dict) -> None:
@@ -625,6 +701,8 @@ def tables(report: dict) -> dict:
                     "target tokens": p["target tokens"], "test BLEU": round(p["test BLEU"], 2)} for p in r["curve"]]
         recipes.append({"toolkit": NAMES[name], "recipe": r["settings"]["recipe"] + kernel_note(r["settings"])})
     out = {"toolkits": pd.DataFrame(rows), "recipes": pd.DataFrame(recipes), "curves": pd.DataFrame(curves)}
+    if (report.get("decoding") or {}).get("rows"):
+        out[f"decoding anchor: {report['decoding']['decoding']}"] = decoding_table(report)
     for ours, cmp in comparisons(report).items():
         key = "comparison" if ours == "msgcore" else f"comparison, {NAMES[ours]}"
         out[key] = pd.DataFrame([{"peer": NAMES[r["peer"]], "msgcore BLEU": round(r["msgcore BLEU"], 2),
@@ -676,6 +754,12 @@ def markdown(report: dict) -> str:
     for name, table in tables(report).items():
         if len(table):
             lines += [f"### {name}", "", table.to_markdown(index=False), ""]
+    decoding = report.get("decoding") or {}
+    if "error" in decoding:
+        lines += ["### decoding anchor", "", f"Failed: {decoding['error']}", ""]
+    elif decoding:
+        lines += [f"Decoding anchor: {decoding['model']}, {decoding['version']}, {decoding['sentences']} test "
+                  "sentences; each speed after a warm-up call.", ""]
     lines += ["### verdict", "", *verdict(report), "", "### settings", ""]
     for name, r in report["toolkits"].items():
         if "settings" in r:
@@ -739,6 +823,8 @@ def parse_args(argv):
     parser.add_argument("--merge", action="store_true",
                         help="keep the toolkits of the report already in --out that this run does not train "
                              "(same budget, threads and test set; each row names the commit and date it ran at)")
+    parser.add_argument("--no-decoding", dest="decoding", action="store_false",
+                        help="skip the decoding anchor (chapter 0's model in msgcore and in CTranslate2)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -756,7 +842,7 @@ def check(args) -> str | None:
             return f"--{name.replace('_', '-')} must be positive and finite, not {value}"
     if args.test_limit < 0:
         return f"--test-limit must be 0 (all) or positive, not {args.test_limit}"
-    if any(t not in OURS for t in args.toolkits) and not peers_python(args.venv).is_file():
+    if (args.decoding or any(t not in OURS for t in args.toolkits)) and not peers_python(args.venv).is_file():
         return f"the peers' venv {args.venv} is missing: run `{SETUP}` first (or pass --venv)"
     if args.out.exists() and not args.out.is_dir():
         return f"--out {args.out} is a file, not a folder"
@@ -801,15 +887,22 @@ def main(argv: list[str] | None = None) -> int:
                        f"{r['target tokens/s']:.0f} target tokens/s, peak RSS {r['peak RSS (MB)']:.0f} MB, "
                        f"{r['wall minutes']:.1f} min wall")
             print(f"{toolkit}: {summary}", flush=True)
+        if args.decoding:
+            print(f"decoding anchor: chapter 0's model in msgcore and CTranslate2, beam {args.final_beam}", flush=True)
+            job = {"toolkit": "ctranslate2", "threads": args.threads, "final_beam": args.final_beam,
+                   "test_limit": args.test_limit, "seed": 0, "work": str(work), "result": str(work / "decoding.json")}
+            decoding = {**launch(job, str(peers_python(args.venv)), work / "decoding.log"),
+                        "run": f"commit {env['git commit']}, {env['date']}"}
+            print(f"decoding anchor: {decoding.get('error', 'done')}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     results = {**earlier, **results}
     config["toolkits"] = list(results)
     found = {ours: comparison(results, ours) for ours in OURS if ours in results}
     report = {"environment": env, "config": config, "toolkits": results, "comparison": found.get("msgcore"),
-              "comparisons": found}
+              "comparisons": found, "decoding": decoding if args.decoding else None}
     print(write_report(report, args.out).with_suffix(".md").read_text())
-    return 1 if any("error" in r for r in results.values()) else 0
+    return 1 if any("error" in r for r in [*results.values(), *([decoding] if args.decoding else [])]) else 0
 
 
 if __name__ == "__main__":

@@ -224,6 +224,53 @@ def test_merge_keeps_the_earlier_toolkits_this_run_does_not_train_and_refuses_an
     assert bench_peers.earlier_results(tmp_path / "none.json", report["config"], ["msgcore"]) == ({}, None)
     monkeypatch.setattr(bench_peers, "launch", lambda *a: pytest.fail("a worker started"))
     monkeypatch.setattr(bench_peers, "report_slug", lambda env: path.stem)
-    assert bench_peers.main(["--toolkits", "msgcore-fused", "--merge", "--minutes", "3", "--out", str(tmp_path)]) == 2
+    assert bench_peers.main(["--toolkits", "msgcore-fused", "--no-decoding", "--merge", "--minutes", "3",
+                             "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --merge") and err.count("\n") == 1
+
+
+# ---- the decoding anchor ----------------------------------------------------------------------------------
+
+def test_the_decoding_table_gives_each_speed_as_a_multiple_of_msgcores_at_the_same_batch_size(tmp_path):
+    rows = [{"decoder": "msgcore", "weights": "float32", "batch size": 1, "test BLEU": 38.0, "sentences/s": 10.0,
+             "ms per sentence": 100.0},
+            {"decoder": "CTranslate2", "weights": "int8", "batch size": 1, "test BLEU": 37.9, "sentences/s": 25.0,
+             "ms per sentence": 40.0},
+            {"decoder": "msgcore", "weights": "float32", "batch size": 64, "test BLEU": 38.0,
+             "sentences/s": 50.0, "ms per sentence": 20.0},
+            {"decoder": "CTranslate2", "weights": "float32", "batch size": 64, "test BLEU": 38.0,
+             "sentences/s": 75.0, "ms per sentence": 13.3}]
+    report = {**sample_report(), "decoding": {"rows": rows, "decoding": "beam 5", "model": "chapter 0's De->En run",
+                                              "version": "CTranslate2 4.8.5", "sentences": 1000}}
+    table = bench_peers.tables(report)["decoding anchor: beam 5"]
+    assert list(table["speed vs msgcore"]) == ["1.00x", "2.50x", "1.00x", "1.50x"]
+    text = bench_peers.write_report(report, tmp_path).with_suffix(".md").read_text()
+    assert "### decoding anchor: beam 5" in text and "CTranslate2 4.8.5, 1000 test sentences" in text
+    failed = {**sample_report(), "decoding": {"error": "ModuleNotFoundError: No module named 'ctranslate2'"}}
+    assert "Failed: ModuleNotFoundError" in bench_peers.markdown(failed)
+
+
+def test_msgcores_beam_search_gives_the_same_translations_one_sentence_a_call_and_sixty_four(tmp_path):
+    import torch
+
+    from msgcore.generation import GenerationConfig
+    from msgcore.model import Transformer, preset
+
+    corpus = synthetic_corpus(70, num_sources=1, seed=2)
+    tokenizer = Tokenizer.train(corpus.texts(), vocab_size=80, cache_dir=tmp_path)
+    torch.manual_seed(0)
+    model = Transformer(preset("tiny", vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, d_model=32,
+                               d_ff=64)).eval()
+    test, cfg = encode_corpus(corpus, tokenizer), GenerationConfig(beam_size=3, max_len_b=4)
+    one = bench_peers.msgcore_decode(model, tokenizer, test, cfg, 1)
+    assert len(one) == 70 and bench_peers.msgcore_decode(model, tokenizer, test, cfg, 64) == one  # padding is inert
+
+
+def test_the_decoding_anchor_needs_the_peers_venv_unless_it_is_skipped(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bench_peers, "launch", lambda *a: pytest.fail("a worker started"))
+    assert bench_peers.main(["--toolkits", "msgcore", "--venv", str(tmp_path / "none"),
+                             "--out", str(tmp_path / "out")]) == 2
+    assert "peers' venv" in capsys.readouterr().err
+    assert bench_peers.check(bench_peers.parse_args(["--toolkits", "msgcore", "--no-decoding", "--venv",
+                                                     str(tmp_path / "none")])) is None

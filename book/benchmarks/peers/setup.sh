@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs the peers of `python -m msgcore.bench_peers` (JoeyNMT and Hugging Face transformers) into a venv of
-# their own, never into the book's .venv: they are benchmark-only dependencies. Idempotent.
+# Installs the peers of `python -m msgcore.bench_peers` (JoeyNMT, Hugging Face transformers, CTranslate2) into a
+# venv of their own, never into the book's .venv: they are benchmark-only dependencies. Idempotent.
 #
 #   bash book/benchmarks/peers/setup.sh     # into $MSGCORE_PEERS_VENV, default ~/.cache/msgcore/peers-venv
 #
@@ -17,6 +17,7 @@ main_python=${MSGCORE_PYTHON:-$root/.venv/bin/python}
 [ -x "$main_python" ] || { echo "error: no book venv at $root/.venv: run bash .ci/install first" >&2; exit 2; }
 JOEYNMT=${JOEYNMT_VERSION:-2.3.0}
 TRANSFORMERS=${TRANSFORMERS_VERSION:-5.23.0}
+CTRANSLATE2=${CTRANSLATE2_VERSION:-4.8.5}
 
 pins=$("$main_python" - <<'PY'
 import importlib.metadata as m
@@ -30,11 +31,12 @@ install() {  # quiet, without the notes this machine's pip configuration prints 
 # shellcheck disable=SC2086  # $pins is a list of requirements
 install $pins
 # shellcheck disable=SC2086
-install "joeynmt==$JOEYNMT" "transformers==$TRANSFORMERS" $pins importlib_metadata accelerate pandas tqdm
+install "joeynmt==$JOEYNMT" "transformers==$TRANSFORMERS" "ctranslate2==$CTRANSLATE2" $pins importlib_metadata \
+  accelerate pandas tqdm
 install --no-deps -e "$root"
 "$venv/bin/python" - <<'PY'
 import importlib.metadata as m
 print("peers venv ready:", ", ".join(f"{p} {m.version(p)}" for p in ("torch", "joeynmt", "transformers",
-                                                                     "sentencepiece", "sacrebleu")))
+                                                                     "ctranslate2", "sentencepiece", "sacrebleu")))
 PY
 echo "$venv"
