@@ -13,11 +13,15 @@ process, at its own recommended settings for a small Transformer:
     joeynmt  JoeyNMT 2.3's Transformer recipe for IWSLT14 De->En (its configs/iwslt14_deen_bpe.yaml: d=256, 6+6
              layers, 4 heads, FFN 1024, dropout 0.3, AdamW lr 3e-4 on a plateau schedule, 4,096-token batches,
              label smoothing 0.1), cased, with the same sentencepiece model as msgcore instead of subword-nmt BPE
+    joeynmt-small  JoeyNMT at msgcore-small's dimensions and recipe (same token budget, warmup, peak lr, betas,
+             clipping; JOEYNMT_SMALL_CONFIG), in fp32: the equal-size row
     hf       transformers' BartForConditionalGeneration trained by Seq2SeqTrainer: BART with BartConfig's
              defaults at msgcore-small's size (d=256, 3+3 layers), BART's own kind of tokenizer (byte-level BPE,
              8,000, trained on the training set), and msgcore's optimisation recipe expressed in
              Seq2SeqTrainingArguments (transformers publishes no from-scratch translation recipe)
-    `JOEYNMT_CONFIG` and `HF_SETTINGS` below are the exact settings; the report repeats them.
+    `JOEYNMT_CONFIG`, `JOEYNMT_SMALL_CONFIG` and `HF_SETTINGS` below are the exact settings; the report repeats them.
+The decoding anchor (`decoding_worker`, skipped with --no-decoding) decodes chapter 0's model with msgcore and with
+CTranslate2 (msgcore.export_ctranslate2).
 
 The training clock counts training only: the data preparation before it and every evaluation during it (the
 curve's and the toolkit's own validations) are left out. At `--points` moments spread evenly over the budget
@@ -48,9 +52,9 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
-TOOLKITS = ("msgcore", "msgcore-fused", "joeynmt", "hf")
+TOOLKITS = ("msgcore", "msgcore-fused", "joeynmt", "joeynmt-small", "hf")
 NAMES = {"msgcore": "msgcore", "msgcore-fused": "msgcore, torch's choice of SDPA kernel", "joeynmt": "JoeyNMT",
-         "hf": "Hugging Face transformers"}
+         "joeynmt-small": "JoeyNMT at msgcore-small's size and recipe", "hf": "Hugging Face transformers"}
 OURS = ("msgcore", "msgcore-fused")  # msgcore's rows; every other toolkit is a peer
 SETUP = "bash book/benchmarks/peers/setup.sh"
 DEFAULT_VENV = Path.home() / ".cache" / "msgcore" / "peers-venv"
@@ -83,6 +87,21 @@ JOEYNMT_CONFIG = {
                         "hidden_size": 256, "ff_size": 1024, "dropout": 0.3, "layer_norm": "pre",
                         "activation": "relu"} for part in ("encoder", "decoder")}},
 }
+# JoeyNMT at msgcore-small's size and recipe: the same dimensions (d=256, 3+3 layers, 4 heads, FFN 1024, pre-norm,
+# dropout 0.1), the same token budget (2,048), the same AdamW betas (0.9, 0.98), warmup (400 updates) to the same
+# peak lr (1e-3) then inverse square-root decay, label smoothing 0.1 and gradient clipping at norm 1.0. What stays
+# JoeyNMT's own: its model code, data pipeline, batching and search, and fp32 (JoeyNMT has no bf16 on a CPU).
+JOEYNMT_SMALL_CONFIG = {
+    **JOEYNMT_CONFIG, "name": "transformer_msgcore_small",
+    "training": {**JOEYNMT_CONFIG["training"], "adam_betas": [0.9, 0.98], "scheduling": "warmupinversesquareroot",
+                 "learning_rate": 1e-3, "learning_rate_peak": 1e-3, "learning_rate_warmup": 400,
+                 "learning_rate_min": 1e-8, "batch_size": 2048, "clip_grad_norm": 1.0},
+    "model": {**JOEYNMT_CONFIG["model"],
+              **{part: {**JOEYNMT_CONFIG["model"][part], "num_layers": 3, "dropout": 0.1}
+                 for part in ("encoder", "decoder")}},
+}
+for _unused in ("patience", "decrease_factor"):  # the plateau schedule's settings
+    JOEYNMT_SMALL_CONFIG["training"].pop(_unused)
 JOEYNMT_SIDE = {"max_length": 62, "lowercase": False, "normalize": False, "level": "bpe", "voc_min_freq": 1,
                 "tokenizer_type": "sentencepiece"}
 
@@ -331,8 +350,9 @@ def write_lines(path: Path, lines: list[str]) -> None:
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
 
-def joeynmt_config(work: Path, spm_model: Path, vocab: Path) -> dict:
-    """JOEYNMT_CONFIG with this run's files: plain-text splits, the shared sentencepiece model and its vocabulary."""
+def joeynmt_config(work: Path, spm_model: Path, vocab: Path, base: dict = JOEYNMT_CONFIG) -> dict:
+    """`base` (JOEYNMT_CONFIG or JOEYNMT_SMALL_CONFIG) with this run's files: plain-text splits, the shared
+    sentencepiece model and its vocabulary."""
     sides = {side: {"lang": lang, **JOEYNMT_SIDE, "voc_file": str(vocab),
                     "tokenizer_cfg": {"model_file": str(spm_model), "pretokenizer": "none"}}
              for side, lang in (("src", "de"), ("trg", "en"))}
@@ -340,7 +360,7 @@ def joeynmt_config(work: Path, spm_model: Path, vocab: Path) -> dict:
             "dataset_type": "plain", **sides,
             "special_symbols": {"unk_token": "<unk>", "unk_id": 0, "pad_token": "<pad>", "pad_id": 1,
                                 "bos_token": "<s>", "bos_id": 2, "eos_token": "</s>", "eos_id": 3}}
-    return {**json.loads(json.dumps(JOEYNMT_CONFIG)), "model_dir": str(work / "model"), "data": data}
+    return {**json.loads(json.dumps(base)), "model_dir": str(work / "model"), "data": data}
 
 
 def joeynmt_compat() -> list[str]:
@@ -383,7 +403,7 @@ def joeynmt_worker(job: dict) -> dict:
     logging.getLogger("joeynmt").setLevel(logging.WARNING)
     shims = joeynmt_compat()
     data = shared_data(job, splits=("train", "val", TEST_SPLIT))
-    work = Path(job["work"]) / "joeynmt"
+    work = Path(job["work"]) / job["toolkit"]
     (work / "model").mkdir(parents=True, exist_ok=True)
     for name, split in (("train", "train"), ("dev", "val"), ("test", TEST_SPLIT)):
         corpus = data.corpora[split]
@@ -394,7 +414,8 @@ def joeynmt_worker(job: dict) -> dict:
     processor = spm.SentencePieceProcessor(model_file=str(spm_model))
     write_lines(work / "vocab.txt", [processor.id_to_piece(i) for i in range(processor.get_piece_size())
                                      if not (processor.is_control(i) or processor.is_unknown(i))])
-    cfg = joeynmt_config(work, spm_model, work / "vocab.txt")
+    small = job["toolkit"] == "joeynmt-small"
+    cfg = joeynmt_config(work, spm_model, work / "vocab.txt", JOEYNMT_SMALL_CONFIG if small else JOEYNMT_CONFIG)
     args = parse_global_args(json.loads(json.dumps(cfg)), rank=0, mode="train")
     model, train_data, dev_data, test_data = prepare(args, rank=0, mode="train")
     refs = data.corpora[TEST_SPLIT].target
@@ -441,8 +462,10 @@ def joeynmt_worker(job: dict) -> dict:
             "final": {"test BLEU": final, "decoding": f"beam {job['final_beam']} (JoeyNMT search, beam_alpha 1.0)",
                       "minutes": (time.perf_counter() - started) / 60},
             "parameters (M)": sum(p.numel() for p in model.parameters()) / 1e6,
-            "settings": {"recipe": "JoeyNMT 2.3 configs/iwslt14_deen_bpe.yaml (its Transformer for IWSLT14 De-En); "
-                                   "sentencepiece instead of subword-nmt, cased, CPU fp32", "config": shown,
+            "settings": {"recipe": ("msgcore-small's dimensions and recipe in JoeyNMT 2.3 (JOEYNMT_SMALL_CONFIG); "
+                                    "CPU fp32" if small else
+                                    "JoeyNMT 2.3 configs/iwslt14_deen_bpe.yaml (its Transformer for IWSLT14 De-En); "
+                                    "sentencepiece instead of subword-nmt, cased, CPU fp32"), "config": shown,
                          "decoding": "greedy for the curve (its validation search), beam 5 at the end (its test "
                                      "settings: beam_alpha 1.0; output limit 1.5 x source, its default)",
                          "compatibility shims": shims}}
@@ -621,8 +644,8 @@ def decoding_table(report: dict):
                           "speed vs msgcore": f"{r['sentences/s'] / ours[r['batch size']]:.2f}x"} for r in rows])
 
 
-WORKERS = {"msgcore": msgcore_worker, "msgcore-fused": msgcore_worker, "joeynmt": joeynmt_worker, "hf": hf_worker,
-           "ctranslate2": decoding_worker}
+WORKERS = {"msgcore": msgcore_worker, "msgcore-fused": msgcore_worker, "joeynmt": joeynmt_worker,
+           "joeynmt-small": joeynmt_worker, "hf": hf_worker, "ctranslate2": decoding_worker}
 
 
 def run_worker_here(job: dict) -> None:

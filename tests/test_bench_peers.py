@@ -274,3 +274,22 @@ def test_the_decoding_anchor_needs_the_peers_venv_unless_it_is_skipped(tmp_path,
     assert "peers' venv" in capsys.readouterr().err
     assert bench_peers.check(bench_peers.parse_args(["--toolkits", "msgcore", "--no-decoding", "--venv",
                                                      str(tmp_path / "none")])) is None
+
+
+def test_joeynmt_at_equal_size_has_msgcore_smalls_dimensions_budget_and_schedule():
+    from msgcore.foundations.baselines import BASELINE_SCALES
+    from msgcore.model import PRESETS
+
+    small, recipe = PRESETS["small"], BASELINE_SCALES["small"].train
+    cfg = bench_peers.JOEYNMT_SMALL_CONFIG
+    for part in ("encoder", "decoder"):
+        side = cfg["model"][part]
+        assert (side["num_layers"], side["num_heads"], side["hidden_size"], side["ff_size"]) == (
+            small[f"{part}_layers"], small["n_heads"], small["d_model"], small["d_ff"])
+        assert side["dropout"] == BASELINE_SCALES["small"].model["dropout"] and side["layer_norm"] == "pre"
+    training = cfg["training"]
+    assert (training["batch_size"], training["learning_rate_peak"], training["learning_rate_warmup"]) == (
+        recipe.max_tokens, recipe.lr, recipe.warmup_steps)
+    assert training["scheduling"] == "warmupinversesquareroot" and "patience" not in training
+    assert tuple(training["adam_betas"]) == recipe.betas and training["clip_grad_norm"] == recipe.clip_norm
+    assert bench_peers.JOEYNMT_CONFIG["model"]["encoder"]["num_layers"] == 6  # its own recipe's row is unchanged
