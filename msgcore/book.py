@@ -339,7 +339,55 @@ def execute_chapter(src: Path, dst: Path, scale: str, device: str = "auto", seed
     if error:
         return ChapterResult(src.stem, scale, "FAILED", minutes, error, reused)
     hide_parameter_cells(dst)
-    return ChapterResult(src.stem, scale, "ok", minutes, reused=reused)
+    result = ChapterResult(src.stem, scale, "ok", minutes, reused=reused)
+    record_cost(dst, result)
+    return result
+
+
+BOOK_BUDGET_HOURS = {"small": 12.0}  # the whole book's cold budget at a scale, on 2 CPU cores (README)
+
+
+def record_cost(path: Path, result: ChapterResult) -> dict:
+    """Store in the executed notebook's metadata (`msgcore.cost`) what this execution cost: its minutes, each run-cache
+    entry it reused with the commit and minutes of the run that made it, and the cold cost (this execution plus the
+    reused entries' minutes; `cold is a lower bound` when an entry has no minutes on record)."""
+    import nbformat
+
+    from msgcore import runcache
+
+    rows = runcache.provenance_rows(result.reused)
+    known = [row["minutes"] for row in rows if row["minutes"] is not None]
+    cost = {"scale": result.scale, "minutes": round(result.minutes, 1), "reused": rows,
+            "cold minutes": round(result.minutes + sum(known), 1), "cold is a lower bound": len(known) < len(rows)}
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata.setdefault("msgcore", {})["cost"] = cost
+    with atomic_write(path, "w", encoding="utf-8") as f:
+        nbformat.write(nb, f)
+    return cost
+
+
+def chapter_costs(root: Path = REPO_ROOT):
+    """What each committed chapter cost when it was executed, read from its notebook (`record_cost`; papermill's
+    duration alone for a notebook executed before costs were recorded), and its share of the book's cold budget."""
+    import nbformat
+    import pandas as pd
+
+    rows = []
+    for name, path in find_chapters(root).items():
+        meta = nbformat.read(path, as_version=4).metadata
+        cost = meta.get("msgcore", {}).get("cost")
+        duration = meta.get("papermill", {}).get("duration")
+        if cost is None:
+            rows.append({"chapter": name, "scale": "–", "minutes of the committed execution":
+                         round(duration / 60, 1) if duration else "–", "reused runs": "not recorded",
+                         "cold minutes": "not recorded", "share of the book's budget": "–"})
+            continue
+        budget = BOOK_BUDGET_HOURS.get(cost["scale"])
+        cold = f"≥ {cost['cold minutes']}" if cost["cold is a lower bound"] else cost["cold minutes"]
+        rows.append({"chapter": name, "scale": cost["scale"], "minutes of the committed execution": cost["minutes"],
+                     "reused runs": len(cost["reused"]), "cold minutes": cold,
+                     "share of the book's budget": f"{cost['cold minutes'] / 60 / budget:.0%}" if budget else "–"})
+    return pd.DataFrame(rows)
 
 
 RESULTS_FOLDER = "results"  # beside the notebooks: each chapter writes results/<notebook stem>.json (msgcore.verdicts)

@@ -353,3 +353,27 @@ def test_the_live_check_says_plainly_whether_it_trained_or_reused():
     reused = book.RunReport(Path("r"), [book.ChapterResult("ch00", "small", "ok", 1.2, reused=["run-a", "run-b"])])
     assert book.live_check_note(trained) == "it trained every run it needed on this machine"
     assert book.live_check_note(reused).startswith("it reused 2 runs from the run cache (trained nothing")
+
+
+# ---- what each chapter cost ---------------------------------------------------------------------------------
+
+def test_an_execution_records_its_cost_and_the_reused_runs_commits_and_the_book_reads_it_back(tiny_book, tmp_path,
+                                                                                               monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MSGCORE_RUNS", str(cache))
+    for name, meta in (("run-aaa", {"commit": "abc1234", "date": "d", "device": "cpu", "wall_time_s": 600.0}),
+                       ("natcurve-bbb", {"commit": "def5678", "date": "d", "kind": "natcurve"})):
+        (cache / name).mkdir(parents=True)
+        (cache / name / "meta.json").write_text(json.dumps({"files": {}, **meta}))
+    path = tiny_book / "book" / "ch_a.ipynb"
+    cost = book.record_cost(path, book.ChapterResult("ch_a", "small", "ok", 30.0, reused=["run-aaa"]))
+    assert cost["cold minutes"] == 40.0 and not cost["cold is a lower bound"]
+    assert nbformat.read(path, as_version=4).metadata["msgcore"]["cost"]["reused"][0]["trained at commit"] == "abc1234"
+    book.record_cost(tiny_book / "book" / "ch_b.ipynb",
+                     book.ChapterResult("ch_b", "small", "ok", 6.0, reused=["run-aaa", "natcurve-bbb"]))
+    table = book.chapter_costs(tiny_book).set_index("chapter")
+    assert table.loc["ch_a", "cold minutes"] == 40.0 and table.loc["ch_a", "share of the book's budget"] == "6%"
+    assert table.loc["ch_b", "cold minutes"] == "≥ 16.0"  # the curve artefact has no minutes on record
+    write_notebook(path, "print(1)")  # executed before costs were recorded: its duration alone, if any
+    row = book.chapter_costs(tiny_book).set_index("chapter").loc["ch_a"]
+    assert row["reused runs"] == row["cold minutes"] == "not recorded" and not row.isna().any()
