@@ -472,8 +472,47 @@ def jupyter_book_executable() -> str:
     return found
 
 
+STALE_TAG = "stale-results"  # the warning cell `mark_stale_chapters` puts on a chapter page
+
+
+def mark_stale_chapters(book_dir: Path) -> list[str]:
+    """Open every chapter page whose results file is stale in this checkout (msgcore.chapters) with a warning that
+    says why, in the build's copy of the notebook (the committed notebook keeps its outputs as they ran). Returns
+    the chapters marked."""
+    import nbformat
+
+    from msgcore.chapters import CHAPTERS
+    from msgcore.scoreboard import stale
+    from msgcore.verdicts import load_json
+
+    marked = []
+    for name, notebook in find_chapters(book_dir).items():
+        results = notebook.parent / RESULTS_FOLDER / f"{name}.json"
+        if name not in CHAPTERS or not results.is_file():
+            continue
+        data = load_json(results)
+        reasons = stale(name, data)
+        nb = nbformat.read(notebook, as_version=4)
+        kept = [c for c in nb.cells if STALE_TAG not in c.metadata.get("tags", [])]
+        if not reasons and len(kept) == len(nb.cells):
+            continue
+        nb.cells = kept
+        if reasons:
+            text = (f"```{{admonition}} These results are stale\n:class: danger\nThe outputs on this page come from "
+                    f"a `{data.get('scale')}` run at commit {data.get('commit')}. Since then: {'; '.join(reasons)}. "
+                    f"They wait for a re-run: until then they do not speak for the code shown beside them.\n```")
+            nb.cells.insert(1, nbformat.v4.new_markdown_cell(text, metadata={"tags": [STALE_TAG]}))
+            marked.append(name)
+        with atomic_write(notebook, "w", encoding="utf-8") as f:
+            nbformat.write(nb, f)
+    return marked
+
+
 def build_book(book_dir: Path) -> Path:
-    """`jupyter-book build <book_dir> --all -W --keep-going`; returns the HTML index, raises on failure."""
+    """`jupyter-book build <book_dir> --all -W --keep-going` (stale chapters marked first); returns the HTML
+    index, raises on failure."""
+    for name in mark_stale_chapters(book_dir):
+        print(f"{name}: its results are stale; its page says so", flush=True)
     cmd = [jupyter_book_executable(), "build", str(book_dir), "--all", "-W", "--keep-going"]
     print("$ " + " ".join(cmd), flush=True)
     code = subprocess.run(cmd).returncode

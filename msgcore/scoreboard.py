@@ -1,10 +1,12 @@
 """The book-wide scoreboard, built from the chapters' machine-readable results (`book/results/*.json`).
 
 Each chapter's notebook writes its judged claims with `msgcore.verdicts.write_results`; this module reads them
-back for the book's overview page and for README's results block, so that neither is ever written by hand:
+back for the book's overview page and for README's results block, so that neither is ever written by hand. Every
+chapter's row says whether its results are current in this checkout or stale, and why (msgcore.chapters):
 
     python -m msgcore.scoreboard            # rewrite README's block between the two markers from book/results
     python -m msgcore.scoreboard --check    # exit 1 when README's block differs from what the files say
+    python -m msgcore.scoreboard --rejudge  # judge every results file's evidence again under this protocol first
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import sys
 from pathlib import Path
 
 from msgcore.utils import MsgcoreError, atomic_write
-from msgcore.verdicts import VERDICTS
+from msgcore.verdicts import VERDICTS, ProtocolError, load_json
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "book" / "results"
@@ -27,10 +29,7 @@ def load_results(folder: str | Path = RESULTS_DIR) -> dict[str, dict]:
     """Notebook stem -> its results, in file-name order (the chapters' order); a malformed file is an error."""
     out = {}
     for path in sorted(Path(folder).glob("*.json")):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as error:
-            raise MsgcoreError(f"{path}: not a readable results file ({error})") from None
+        data = load_json(path)
         missing = [key for key in REQUIRED if key not in data]
         if missing:
             raise MsgcoreError(f"{path}: a results file needs {', '.join(missing)}")
@@ -39,39 +38,82 @@ def load_results(folder: str | Path = RESULTS_DIR) -> dict[str, dict]:
 
 
 def read_system(path: str | Path, name: str) -> dict | None:
-    """One system of a chapter's results file, with the file's scale and commit: {"name", "scores", "updates",
-    "scale", "commit"}; None when the file or the system is missing. How one chapter puts another's figure beside
-    its own, as data, without importing that chapter's code or runs."""
+    """One system of a chapter's results file: {"name", "scores" (test set -> metric -> scores in seed order),
+    "updates", "scale", "commit", "stale" (why the file is not current, or an empty list)}; None when the file or
+    the system is missing. How one chapter puts another's figure beside its own, as data, without importing that
+    chapter's code or runs, and without passing a stale figure for a current one."""
     path = Path(path)
     if not path.is_file():
         return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as error:
-        raise MsgcoreError(f"{path}: not a readable results file ({error})") from None
+    data = load_json(path)
     system = next((s for s in data.get("systems", []) if s.get("name") == name), None)
-    return None if system is None else {**system, "scale": data.get("scale", "?"), "commit": data.get("commit", "?")}
+    if system is None:
+        return None
+    return {"name": name, "scores": seed_ordered_scores(system), "updates": system.get("updates"),
+            "scale": data.get("scale", "?"), "commit": data.get("commit", "?"), "stale": stale(path.stem, data)}
+
+
+def seed_ordered_scores(system: dict) -> dict[str, dict[str, list[float]]]:
+    """A stored system's scores as test set -> metric -> scores in seed order (a floor: its one score), from the
+    evidence records, or from the lists of results files written before them."""
+    if "measures" not in system:
+        return system.get("scores", {})
+    return {test: {metric: [m["scores"][k] for k in sorted(m["scores"], key=int)] for metric, m in by_metric.items()}
+            for test, by_metric in system["measures"].items()}
+
+
+def stale(stem: str, data: dict) -> list[str]:
+    """Why a results file is not current in this checkout (msgcore.chapters.staleness); [] when it is. A file
+    that is not one of the book's chapters says so."""
+    from msgcore.chapters import CHAPTERS, staleness
+
+    if stem not in CHAPTERS:
+        return [f"{stem} is not one of the book's chapters"]
+    return staleness(stem, data)
+
+
+def status(stem: str, data: dict) -> str:
+    """"current", or "stale: why" (every reason)."""
+    reasons = stale(stem, data)
+    return "current" if not reasons else "stale: " + "; ".join(reasons)
 
 
 def counts(results: dict[str, dict]):
-    """One row per chapter: its scale and commit, then how many claims got each verdict."""
+    """One row per chapter: its scale and commit, whether its results are current, then how many claims got each
+    verdict (a stale chapter's counts are what its stale file says)."""
     import pandas as pd
 
     rows = []
-    for data in results.values():
+    for stem, data in results.items():
         verdicts = [claim["verdict"] for claim in data["claims"]]
         rows.append({"chapter": data["chapter"], "scale": data["scale"], "commit": data["commit"],
-                     "claims": len(verdicts), **{name: verdicts.count(name) for name in VERDICTS}})
-    return pd.DataFrame(rows, columns=["chapter", "scale", "commit", "claims", *VERDICTS])
+                     "status": status(stem, data), "claims": len(verdicts),
+                     **{name: verdicts.count(name) for name in VERDICTS}})
+    return pd.DataFrame(rows, columns=["chapter", "scale", "commit", "status", "claims", *VERDICTS])
 
 
 def claims(results: dict[str, dict]):
-    """Every claim of the book: chapter, id, the paper's figure, ours, the verdict and its reason."""
+    """Every claim of the book: chapter, id, the paper's figure, ours, which way ours points, the verdict (marked
+    when its chapter's results are stale) and its reason."""
     import pandas as pd
 
-    return pd.DataFrame([{"chapter": data["chapter"], "id": c["id"], "paper": c["paper"], "ours": c["ours"] or "–",
-                          "verdict": c["verdict"], "reason": c["reason"]}
-                         for data in results.values() for c in data["claims"]])
+    rows = []
+    for stem, data in results.items():
+        mark = "" if not stale(stem, data) else " (stale)"
+        rows += [{"chapter": data["chapter"], "id": c["id"], "paper": c["paper"], "ours": c["ours"] or "–",
+                  "ours points": c.get("leans") or "–", "verdict": c["verdict"] + mark, "reason": c["reason"]}
+                 for c in data["claims"]]
+    return pd.DataFrame(rows, columns=["chapter", "id", "paper", "ours", "ours points", "verdict", "reason"])
+
+
+def statements(results: dict[str, dict]):
+    """The equal-budget statements of every chapter: how fast each system learns within its budget, never a
+    verdict, kept apart from them."""
+    import pandas as pd
+
+    return pd.DataFrame([{"chapter": data["chapter"], "id": c["id"], "within an equal budget (not a verdict)":
+                          c["statement"]} for data in results.values() for c in data["claims"] if c.get("statement")],
+                        columns=["chapter", "id", "within an equal budget (not a verdict)"])
 
 
 def score_text(values: list[float]) -> str:
@@ -91,7 +133,7 @@ def systems(results: dict[str, dict]):
     rows = []
     for data in results.values():
         for system in data["systems"]:
-            scores = system.get("scores", {})
+            scores = seed_ordered_scores(system)
             seeds = max((len(v) for metrics in scores.values() for v in metrics.values()), default=0)
             text = "; ".join(f"{test}: " + ", ".join(f"{metric} {score_text(values)}"
                                                     for metric, values in metrics.items() if values)
@@ -114,10 +156,35 @@ def readme_block(results: dict[str, dict]) -> str:
     """README's generated results: the counts per chapter, every claim, then every system's scores."""
     if not results:
         return "No chapter has written its results yet."
-    return (f"Verdicts per chapter (from `book/results/*.json`, written by each chapter's notebook):\n\n"
-            f"{markdown_table(counts(results))}\n\nEvery claim:\n\n{markdown_table(claims(results))}\n\n"
+    said = statements(results)
+    within = (f"\n\nWithin equal budgets, where the runs have not converged (statements, not verdicts):\n\n"
+              f"{markdown_table(said)}" if len(said) else "")
+    return (f"Verdicts per chapter (from `book/results/*.json`, written by each chapter's notebook; a stale chapter's "
+            f"results come from code or a recipe that has changed since, and wait for a re-run):\n\n"
+            f"{markdown_table(counts(results))}\n\nEvery claim:\n\n{markdown_table(claims(results))}{within}\n\n"
             f"<details><summary>Every system's scores (mean ± standard deviation over seeds; floors included)"
             f"</summary>\n\n{markdown_table(systems(results))}\n\n</details>")
+
+
+def rejudge_files(folder: str | Path = RESULTS_DIR) -> list[Path]:
+    """Judge the evidence of every results file again under this protocol and rewrite the files whose verdicts
+    changed (a file written before results carried their evidence is left as it is); returns the files rewritten."""
+    from dataclasses import asdict
+
+    from msgcore.verdicts import PROTOCOL_VERSION, rejudge
+
+    rewritten = []
+    for path in sorted(Path(folder).glob("*.json")):
+        data = load_json(path)
+        if data.get("protocol") is None:
+            continue
+        claims_ = [asdict(v) for v in rejudge(data)]
+        if claims_ == data["claims"] and data["protocol"] == PROTOCOL_VERSION:
+            continue
+        with atomic_write(path, "w", encoding="utf-8") as f:
+            json.dump({**data, "protocol": PROTOCOL_VERSION, "claims": claims_}, f, indent=1, ensure_ascii=False)
+        rewritten.append(path)
+    return rewritten
 
 
 def replace_block(text: str, block: str) -> str:
@@ -133,11 +200,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when README's block is out of date")
     parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="folder of the chapters' results")
     parser.add_argument("--readme", type=Path, default=README)
+    parser.add_argument("--rejudge", action="store_true", help="re-judge every results file's evidence first")
     args = parser.parse_args(argv)
     try:
+        if args.rejudge:
+            for path in rejudge_files(args.results):
+                print(f"{path}: re-judged under this protocol")
         text = args.readme.read_text(encoding="utf-8")
         updated = replace_block(text, readme_block(load_results(args.results)))
-    except (MsgcoreError, OSError) as error:
+    except (MsgcoreError, ProtocolError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.check:

@@ -39,7 +39,7 @@ from tqdm import tqdm
 from msgcore import distributed
 from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batches
 from msgcore.generation import GenerationConfig
-from msgcore.metrics import corpus_score
+from msgcore.metrics import corpus_score, paired_standard_error, sentence_statistics, statistics_scorer
 from msgcore.utils import CheckpointError, MsgcoreError, TrainingError, atomic_write, keep_freed_memory, \
     remove_temporaries
 
@@ -96,6 +96,8 @@ class TrainState:
     best_bleu: float = -1.0  # best dev BLEU so far
     best_step: int = -1  # the step best.pt was saved at (-1 = none yet)
     bad_validations: int = 0  # validations since the best one
+    source_tokens: int = 0  # real source tokens trained on so far (every process): the run's budget
+    target_tokens: int = 0  # real target tokens trained on so far (every process)
     history: list = field(default_factory=list)  # log rows: {"kind": "train"|"valid", ...}
 
 
@@ -237,6 +239,7 @@ class Trainer:
                                            weight_decay=cfg.weight_decay, fused=device.type == "cuda")
         self.scheduler = LambdaLR(self.optimizer, lr_schedule(cfg.schedule, cfg.warmup_steps))
         self.state = TrainState()
+        self.best_statistics = None  # the best validation's per-sentence BLEU statistics (`validate_here`'s noise)
         self.run_info: dict = {}  # what the caller wants kept with each checkpoint (the CLI: its options, data hash)
         self.amp_dtype = self.resolve_amp(cfg.amp, device)
         self.scaler = torch.amp.GradScaler(device.type) if self.amp_dtype == torch.float16 else None  # fp16's range
@@ -280,6 +283,11 @@ class Trainer:
         """Hook: the padded length each example needs, which the token budget of a batch counts."""
         return example_lengths(data)
 
+    @staticmethod
+    def source_tokens(batch) -> int:
+        """Hook: the real source tokens of a batch, every source counted (read before it moves to the device)."""
+        return sum(int(mask.sum()) for mask in getattr(batch, "source_masks", ()))
+
     # ---- one optimizer step -------------------------------------------------------------
     def loss_sum(self, batch) -> torch.Tensor:
         """The model's summed loss over the real target tokens of one batch (see `Transformer.loss`)."""
@@ -288,9 +296,10 @@ class Trainer:
                 return self.ddp(batch, self.cfg.label_smoothing)
             return self.model.loss(batch, self.cfg.label_smoothing)
 
-    def train_step(self, batches: list) -> tuple[float, int]:
+    def train_step(self, batches: list, source_tokens: int = 0) -> tuple[float, int]:
         """One update over this process's batches; the loss is averaged over the target tokens of every
-        process's batches. Returns that loss and the token count."""
+        process's batches. Returns that loss and the token count; the run's budget counts them and
+        `source_tokens` (this process's)."""
         self.model.train()
         n_tokens = distributed.all_reduce_sum(sum(b.num_target_tokens for b in batches), self.device)
         total = 0.0
@@ -318,6 +327,8 @@ class Trainer:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
+        self.state.target_tokens += int(n_tokens)
+        self.state.source_tokens += int(distributed.all_reduce_sum(source_tokens, self.device))
         return distributed.all_reduce_sum(total, self.device), int(n_tokens)
 
     # ---- the loop ----------------------------------------------------------------------
@@ -356,8 +367,9 @@ class Trainer:
         while state.batch_in_epoch + self.world <= len(batches) and not self.done():  # a short tail is dropped
             chunk = batches[state.batch_in_epoch: state.batch_in_epoch + cfg.update_freq * self.world]
             group = chunk[self.rank::self.world]  # this process's share of the update
-            batch_group = [self.collate(self.train_data, idx).to(self.device) for idx in group]
-            loss, tokens = self.train_step(batch_group)
+            on_host = [self.collate(self.train_data, idx) for idx in group]
+            source_tokens = sum(self.source_tokens(batch) for batch in on_host)
+            loss, tokens = self.train_step([batch.to(self.device) for batch in on_host], source_tokens)
             state.batch_in_epoch += len(chunk)
             bar.update(len(chunk))
             self.log_train(window, loss, tokens)
@@ -380,7 +392,7 @@ class Trainer:
         elapsed = time.perf_counter() - window["start"]
         self.state.history.append({"kind": "train", "step": self.state.step, "epoch": self.state.epoch + 1,
                                    "loss": window["loss"] / window["tokens"], "lr": self.scheduler.get_last_lr()[0],
-                                   "tokens_per_s": window["tokens"] / elapsed})
+                                   "tokens_per_s": window["tokens"] / elapsed, **self.budget()})
         window.update(loss=0.0, tokens=0, start=time.perf_counter())
 
     # ---- validation ----------------------------------------------------------------------
@@ -405,20 +417,30 @@ class Trainer:
             self.validate_here()
         vars(self.state).update(vars(distributed.broadcast_from_main(self.state)))  # in place: callers hold it
 
+    def budget(self) -> dict:
+        """What the run has trained on so far: the log rows carry it, and the verdict protocol compares it."""
+        return {"source_tokens": self.state.source_tokens, "target_tokens": self.state.target_tokens}
+
     def validate_here(self) -> None:
+        """Dev BLEU, and its noise: the bootstrap standard error of the change since the best validation (None
+        for the first validation of a process), which says how large a dev gain the dev sentences can resolve."""
         limit = self.cfg.valid_max_sentences or len(self.valid_data)
         hypotheses = translate_encoded(self.model, self.tokenizer, self.valid_data, self.device,
                                        GenerationConfig(beam_size=self.cfg.valid_beam), limit=limit,
                                        amp_dtype=self.amp_dtype)
         bleu = corpus_score("bleu", hypotheses, self.valid_refs[:limit]).score
+        statistics = sentence_statistics("bleu", hypotheses, self.valid_refs[:limit])
+        noise = None if self.best_statistics is None else \
+            paired_standard_error(statistics, self.best_statistics, statistics_scorer("bleu"))
         state = self.state
         state.history.append({"kind": "valid", "step": state.step, "epoch": state.epoch,
-                              "valid_loss": self.valid_loss(), "valid_bleu": bleu})
+                              "valid_loss": self.valid_loss(), "valid_bleu": bleu, "valid_noise": noise,
+                              **self.budget()})
         improved = bleu > state.best_bleu
         state.best_bleu, state.bad_validations = (bleu, 0) if improved else (state.best_bleu,
                                                                              state.bad_validations + 1)
         if improved:  # best.pt first: a kill between the two saves never leaves last.pt ahead of best.pt
-            state.best_step = state.step
+            state.best_step, self.best_statistics = state.step, statistics
             self.save_checkpoint(self.out_dir / "best.pt")
         self.save_checkpoint(self.out_dir / "last.pt")
         self.save_log()
@@ -495,7 +517,7 @@ class Trainer:
 
 def check_state_types(state: TrainState) -> None:
     """TrainState's fields must have their types: a garbage state is refused before training on it."""
-    whole = ("step", "epoch", "batch_in_epoch", "best_step", "bad_validations")
+    whole = ("step", "epoch", "batch_in_epoch", "best_step", "bad_validations", "source_tokens", "target_tokens")
     if any(type(getattr(state, name)) is not int for name in whole) or not isinstance(state.best_bleu, (int, float)) \
             or not isinstance(state.history, list) or state.step < 0 or state.epoch < 0 or state.batch_in_epoch < 0:
         raise TypeError("wrong types or negative counters in the trainer state")

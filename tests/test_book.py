@@ -377,3 +377,29 @@ def test_an_execution_records_its_cost_and_the_reused_runs_commits_and_the_book_
     write_notebook(path, "print(1)")  # executed before costs were recorded: its duration alone, if any
     row = book.chapter_costs(tiny_book).set_index("chapter").loc["ch_a"]
     assert row["reused runs"] == row["cold minutes"] == "not recorded" and not row.isna().any()
+
+
+def test_a_chapter_whose_results_are_stale_opens_with_a_warning_and_a_current_one_does_not(tmp_path: Path) -> None:
+    from msgcore import chapters, verdicts
+
+    (tmp_path / "book" / "results").mkdir(parents=True)
+    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nchapters:\n"
+                                       "  - file: book/ch00_transformer_baseline\n  - file: book/ch05_coverage_nat\n")
+    for name in ("ch00_transformer_baseline", "ch05_coverage_nat"):
+        write_notebook(tmp_path / "book" / f"{name}.ipynb", "print(1)")
+    current = chapters.identity("ch00_transformer_baseline", "small")
+    verdicts.write_results(tmp_path / "book" / "results" / "ch00_transformer_baseline.json", "0", "small", "abc", [],
+                           {}, current)
+    older = {**chapters.identity("ch05_coverage_nat", "small"), "recipe": "0" * 16}
+    verdicts.write_results(tmp_path / "book" / "results" / "ch05_coverage_nat.json", "5", "small", "def", [], {},
+                           older)
+    assert book.mark_stale_chapters(tmp_path) == ["ch05_coverage_nat"]
+    stale = nbformat.read(tmp_path / "book" / "ch05_coverage_nat.ipynb", as_version=4)
+    assert stale.cells[0].source == "# ch05_coverage_nat" and book.STALE_TAG in stale.cells[1].metadata["tags"]
+    assert "These results are stale" in stale.cells[1].source and "commit def" in stale.cells[1].source
+    assert "its `small` recipe changed since" in stale.cells[1].source
+    fresh = nbformat.read(tmp_path / "book" / "ch00_transformer_baseline.ipynb", as_version=4)
+    assert not any(book.STALE_TAG in c.metadata.get("tags", []) for c in fresh.cells)
+    assert book.mark_stale_chapters(tmp_path) == ["ch05_coverage_nat"]  # marking twice leaves one warning
+    again = nbformat.read(tmp_path / "book" / "ch05_coverage_nat.ipynb", as_version=4)
+    assert sum(book.STALE_TAG in c.metadata.get("tags", []) for c in again.cells) == 1

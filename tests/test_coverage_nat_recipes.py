@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from msgcore import verdicts
+from msgcore.verdicts import RunRecord
 from msgcore.batching import collate, encode_corpus
 from msgcore.data import synthetic_corpus
 from msgcore.experiments import RunResult, Scale, TranslationData
@@ -101,17 +102,17 @@ def test_an_interrupted_curve_run_resumes_to_the_same_result(data, tmp_path, mon
     monkeypatch.setenv("MSGCORE_RUNS", str(tmp_path / "other-cache"))
     calls, real_step = {"n": 0}, Trainer.train_step
 
-    def dying_step(self, batches):
+    def dying_step(self, batches, *rest):
         calls["n"] += 1
         if calls["n"] == 5:
             raise KeyboardInterrupt  # a kill in the second chunk, after the first chunk's point
-        return real_step(self, batches)
+        return real_step(self, batches, *rest)
     monkeypatch.setattr(Trainer, "train_step", dying_step)
     torch.manual_seed(0)
     with pytest.raises(KeyboardInterrupt):
         nat.train_with_curve(CoverageNAT(nat.nat_config(data, SCALE)), data, cfg, CPU, tmp_path / "b", every=3)
     steps_after = []
-    monkeypatch.setattr(Trainer, "train_step", lambda self, b: steps_after.append(1) or real_step(self, b))
+    monkeypatch.setattr(Trainer, "train_step", lambda self, b, *rest: steps_after.append(1) or real_step(self, b, *rest))
     torch.manual_seed(0)
     resumed = nat.train_with_curve(CoverageNAT(nat.nat_config(data, SCALE)), data, cfg, CPU, tmp_path / "c", every=3)
     assert len(steps_after) == 6  # it went on from the first chunk's last.pt (update 3), not from the start
@@ -222,6 +223,10 @@ def test_table2_scores_every_seed_and_times_every_system(data, tmp_path):
     assert sum(r["kind"] == "train" for r in ablations["K_train = 1"].run.history) == 2  # the ablation recipe
     gates = nat.direction_gates(direction, SCALE, {k: v for k, v in table.scores.items() if k in ("NAT-Base",)})
     assert [g.name.split(": ", 1)[1][:8] for g in gates] == ["AT teach", "the dist"] + ["NAT-Base"] * 3
+    assert all(g.paper for g in gates)  # every gate says the paper's own figure, or why it has none
+    ratio = gates[-1]
+    assert ratio.name.endswith("÷ the teacher's BLEU (test, worst seed)") and ratio.target == 0.68
+    assert ratio.paper_value == pytest.approx(18.60 / 27.19, abs=5e-4) and "0.684 × its teacher" in ratio.paper
     held_out = nat.distilled_bleu(nat.distill(direction.teacher, direction.data, SCALE, CPU, "val"), direction.data, "val")
     assert gates[1].value == pytest.approx(held_out - direction.teacher_scores["BLEU"].score)  # dev, not train
 
@@ -246,7 +251,8 @@ def test_scales_take_chapter0s_teacher_and_fit_their_budgets():
     assert small.phase2.lr < small.phase1.lr and small.phase2.schedule == "constant"
     assert small.teacher_beam == 5 and small.distill_examples == 0 and small.latency_sentences == 0
     for scale in (small, full):  # the same gates at both scales
-        assert (scale.max_repeats, scale.min_nat_bleu, scale.max_teacher_gap) == (15.0, 10.0, 8.0)
+        assert (scale.max_repeats, scale.min_nat_bleu, scale.min_teacher_ratio) == (15.0, 10.0, 0.68)
+        assert scale.phase1.valid_max_sentences == 0 == scale.phase2.valid_max_sentences  # the whole dev set
     assert full.seeds == 3 and len(full.directions) == 2 and full.ablation is full.phase2
     assert (full.phase2.max_steps, full.phase2.lr, full.phase2.schedule) == (1000, 1e-5, "constant")  # the paper's
     phase1_runs = len(full.directions) * (2 * full.seeds + full.raw_data_baseline)
@@ -256,43 +262,26 @@ def test_scales_take_chapter0s_teacher_and_fit_their_budgets():
 
 # ---- the claims and the protocol's evidence ---------------------------------------------------------------
 
-def curve_run(valid: list[tuple[int, float]], curve_steps: list[int]) -> nat.NATRun:
-    """A phase-1 curve run as the cache stores it: the history of its best checkpoint, the curve of every chunk."""
-    history = [{"kind": "valid", "step": step, "valid_bleu": bleu} for step, bleu in valid]
-    return nat.NATRun(RunResult(None, history, 1.0, Path(".")), [{"step": step} for step in curve_steps])
+def nat_run(valid: list[tuple[int, float]], last: int, noise: float = 0.1) -> nat.NATRun:
+    """A NAT run as the run cache stores it: its whole log, every validation with its noise and budget."""
+    history = [{"kind": "valid", "step": step, "valid_bleu": bleu, "valid_noise": noise, "source_tokens": 10 * step,
+                "target_tokens": 9 * step} for step, bleu in valid]
+    history.append({"kind": "train", "step": last, "source_tokens": 10 * last, "target_tokens": 9 * last})
+    return nat.NATRun(RunResult(None, history, 1.0, Path(".")), [{"step": step} for step, _ in valid])
 
 
-def test_a_curve_run_ends_where_its_curve_ends_and_early_stops_before_the_cap():
-    cfg = TrainConfig(max_steps=1000, patience=3)
-    rising = nat.nat_record(curve_run([(200, 5.0), (400, 9.0), (600, 12.0), (800, 14.0), (1000, 15.0)],
-                                      [200, 400, 600, 800, 1000]), cfg)
-    assert rising.last_step == 1000 and not rising.early_stopped and not rising.converged()[0]
-    stopped = nat.nat_record(curve_run([(200, 5.0), (400, 9.0)], [200, 400, 600, 800]), cfg)
-    assert stopped.last_step == 800 and stopped.early_stopped and stopped.converged()[0]
-    # the validations after the best one are not in the history: they cannot raise the last quarter's gain
-    flat = nat.nat_record(curve_run([(200, 5.0), (400, 14.0)], [200, 400, 600, 800, 1000]), cfg)
-    assert flat.last_step == 1000 and flat.converged()[0]
-
-
-def test_a_two_phase_model_counts_both_phases_and_is_judged_on_all_its_updates():
-    phase1 = verdicts.RunRecord(((200, 10.0), (400, 14.0), (600, 15.0), (800, 15.1), (1000, 15.2)), 1000, False)
-    phase2 = verdicts.RunRecord(((100, 15.3),), 100, False)
-    chained = nat.chained_record(phase1, phase2)
-    assert chained.last_step == 1100 and chained.dev_curve[-1] == (1100, 15.3) and chained.converged()[0]
-    jump = nat.chained_record(phase1, verdicts.RunRecord(((100, 16.0),), 100, False))
-    assert not jump.converged()[0]  # phase 2 still gains: the model is under-trained, whatever phase 1 did
-    # a system with fewer updates than Coverage-NAT: the budgets differ, decided only when both converged
-    claim = nat.claims_for(nat.NAT_SCALES["small"], nat.DIRECTIONS)[0]
-    assert claim.id == "T2-de-en"
-    scores = lambda v: {nat.TEST: {nat.BLEU_DEDUP: v}}
-    rising = verdicts.RunRecord(((200, 5.0), (400, 9.0), (600, 12.0), (800, 14.0), (1000, 15.0)), 1000, False)
-    systems = {claim.baseline: nat.trained(claim.baseline, scores([20.0, 20.1, 20.2]), [rising] * 3),
-               claim.system: nat.trained(claim.system, scores([21.0, 21.1, 21.2]), [chained] * 3),
-               **{f: verdicts.floor_system(f, nat.TEST, nat.BLEU_DEDUP, 1.0) for f in claim.floors}}
-    gates = [verdicts.Gate(name, 1.0, 0.0) for name in claim.gates]
-    verdict = verdicts.judge(claim, systems, gates)
-    assert verdict.verdict == verdicts.NOT_DECIDED and verdict.reason.startswith("unequal budgets")
-    assert "NAT-Base (De→En) 1000" in verdict.reason and "Coverage-NAT (De→En) 1100" in verdict.reason
+def test_phase_1_is_judged_by_its_plateau_and_phase_2_by_its_fixed_length():
+    scale = replace(nat.NAT_SCALES["small"], phase1=TrainConfig(max_steps=1000, patience=3))
+    rising = nat.phase1_stage(nat_run([(200, 5.0), (400, 9.0), (600, 12.0), (800, 14.0), (1000, 15.0)], 1000), scale)
+    assert rising.updates == 1000 and not rising.early_stopped and not rising.converged()[0]
+    stopped = nat.phase1_stage(nat_run([(200, 20.0), (400, 29.0), (600, 28.0), (800, 28.5), (1000, 28.9)], 1000), scale)
+    assert stopped.early_stopped and stopped.converged() == (True, "")
+    assert (stopped.source_tokens, stopped.target_tokens) == (10_000, 9_000)
+    phase2_cfg = TrainConfig(max_steps=300, lr=5e-5, schedule="constant")
+    phase2 = nat.fixed_stage("phase 2", nat_run([(100, 15.0), (200, 15.9), (300, 16.1)], 300), phase2_cfg)
+    assert phase2.fixed_length == 300 and phase2.converged() == (True, "")  # its learning-rate drop is not a trend
+    assert RunRecord(0, (rising, phase2)).converged()[0] is False  # phase 1 is still judged
+    assert RunRecord(0, (stopped, phase2)).converged() == (True, "")
 
 
 def test_declared_claims_are_the_same_at_every_throughput_but_for_the_cost_of_what_is_not_run():
@@ -302,10 +291,22 @@ def test_declared_claims_are_the_same_at_every_throughput_but_for_the_cost_of_wh
         assert len({c.id for c in plain}) == len(plain) == 13
     small = {c.id: c for c in nat.declared_claims("small", seconds_per_update=0.5)}
     assert "CPU-hours" in small["T2-en-de"].cost and not small["T2-de-en"].cost
+    assert (small["T2-de-en"].paper_delta, small["T2-de-en"].paper_baseline) == (2.34, 22.70)  # m at our level
+    assert (small["T4-SCA"].paper_delta, small["T4-SCA"].paper_baseline) == (0.85, 1.51)
     smoke = {c.id: c for c in nat.declared_claims("smoke")}
     assert smoke["T3-K"].cost and not {c.id: c for c in nat.declared_claims("full")}["T2-en-de"].cost
     with pytest.raises(MsgcoreError, match="unknown scale"):
         nat.declared_claims("huge")
+
+
+def test_halves_are_measured_on_the_whole_sets_draws_so_they_pair():
+    outputs = {0: [[1, 1, 2], [3, 4], [5, 5, 5, 6], [7]], 1: [[1, 2, 2], [3, 3], [5, 6], [7, 7]]}
+    keep = [True, False, True, False]
+    short = nat.repeats_measure(outputs, keep)
+    assert short.sentences == 4 and short.scores[0] == pytest.approx(100 * 3 / 7)  # (1 + 2) of 3 + 4 tokens
+    assert nat.repeats_measure(outputs).scores[1] == pytest.approx(100 * 3 / 9)
+    long = nat.repeats_measure(outputs, [not k for k in keep])
+    assert short.signature == long.signature and len(short.replicates[0]) == len(long.replicates[0])
 
 
 @pytest.fixture(scope="module")
@@ -326,15 +327,22 @@ def test_every_declared_claim_names_systems_floors_and_gates_the_chapter_produce
     ablations = nat.train_ablations(direction, runs, scale, CPU, tmp_path / "ablation", seeds[0])
     chapter = nat.ChapterRuns(scale, seeds, {direction.name: direction}, {direction.name: runs}, ablations, None, {})
     table = nat.table2(direction, {k: v.run for k, v in runs.items()}, scale, CPU, seeds, n_latency=2)
-    evidence = nat.Evidence(nat.dev_scores(chapter, CPU), nat.table3(chapter, CPU, 2),
-                            [nat.kdec_sweep(runs[nat.NO_SCA, s].model, de_en, CPU, ks=(3, 5)) for s in seeds],
+    evidence = nat.Evidence(nat.dev_outputs(chapter, CPU), nat.table3(chapter, CPU, 2),
+                            {s: nat.kdec_outputs(runs[nat.NO_SCA, s].model, de_en, CPU, ks=(3, 5)) for s in seeds},
                             nat.speedups(table, runs, direction, CPU, seeds, 2),
-                            nat.lpd_scores(table, runs, direction, scale, CPU, seeds))
+                            nat.lpd_outputs(table, runs, direction, scale, CPU, seeds))
     systems = nat.chapter_systems(chapter, {direction.name: table}, evidence, nat.floor_systems(direction))
     base, cov, no_sca = (systems[nat.nat_name(n, "De→En")] for n in (nat.BASE, nat.COV, nat.NO_SCA))
     assert base.updates == cov.updates == no_sca.updates  # every system had the same phase 2
-    assert len(no_sca.scores[nat.DEV][nat.BLEU_DEDUP]) == 2  # SCA's control on every seed
-    assert "K = 5, β = 0" not in systems and systems["K_train = 1"].updates == cov.updates
+    assert [r.seed for r in cov.runs] == [0, 1] and [s.name for s in cov.runs[0].stages] == ["phase 1", "phase 2"]
+    assert cov.runs[0].stages[1].fixed_length == scale.phase2.max_steps
+    assert no_sca.runs[0].stages[0] == cov.runs[0].stages[0]  # the control continues Coverage-NAT's phase 1
+    assert sorted(no_sca.measure(nat.DEV, nat.BLEU_DEDUP).scores) == [0, 1]  # SCA's control on every seed
+    assert no_sca.measure(nat.DEV, nat.BLEU_DEDUP).sentences == 10  # the whole (toy) dev set, with replicates
+    assert systems[nat.copy_floor("De→En")].floor and systems["K_train = 1"].updates == cov.updates
+    assert "K = 5, β = 0" not in systems
+    sca = systems[nat.reduction_name("SCA", "De→En")]
+    assert {s.name.split(",")[0] for s in sca.runs[0].stages} == {nat.NO_SCA, nat.COV}  # rests on both systems' runs
     scores = {k: v for k, v in table.scores.items() if k in (nat.BASE, nat.COV)}
     for name, nat_scale in nat.NAT_SCALES.items():
         claims = nat.declared_claims(name)
@@ -344,6 +352,6 @@ def test_every_declared_claim_names_systems_floors_and_gates_the_chapter_produce
         assert missing == {"T2-en-de"}  # the toy chapter, like smoke and small, has no En→De
         judged = {v.id: v for v in verdicts.judge_all(claims, systems, gates)}
         assert judged["T2-en-de"].verdict == verdicts.NOT_RUN
-        passing = [verdicts.Gate(g.name, 1.0, 0.0) for g in gates]
+        passing = [verdicts.Gate(g.name, 1.0, 0.0, "none") for g in gates]
         for v in verdicts.judge_all(claims, systems, passing):
             assert v.verdict in (verdicts.NOT_RUN, verdicts.NOT_DECIDED, verdicts.INDICATIVE), v

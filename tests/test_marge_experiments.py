@@ -1,7 +1,9 @@
-"""Chapter 3's recipes (msgcore/experiments/marge.py): the language matrices, P@1, the zero-shot layout,
-scales and ablation names, and a cached toy pre-training run."""
+"""Chapter 3's recipes (msgcore/experiments/marge.py): the language matrices, P@1 and its per-caption statistics,
+the zero-shot layout, scales and ablation names, a cached toy pre-training run and the budget it records, and the
+claims, gates, floors and runs (every stage) that the verdict protocol judges."""
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -86,11 +88,36 @@ def test_train_marge_goes_through_the_run_cache_and_beta_zero_stays_zero(tmp_pat
     first = exp.train_marge(docs, val, tok, scale, torch.device("cpu"), steps=10)
     assert not first.reused and first.log[-1]["final"] and len(first.log) == 3
     assert first.log[0]["links_by_language"] and sum(map(sum, first.log[0]["links_by_language"])) > 0
+    assert [row["step"] for row in first.log] == [0, 5, 10] and len(first.log[-1]["hits"]) == len(val)
+    stage = exp.pretraining_stage(first, scale, 10)  # what the protocol judges: curve, dev noise, budget
+    assert stage.updates == 10 and len(stage.dev_curve) == 3 and stage.dev_noise is not None
+    assert stage.target_tokens == first.log[-1]["target_tokens"] > 0 and stage.source_tokens > stage.target_tokens
     again = exp.train_marge(docs, val, tok, scale, torch.device("cpu"), steps=10)
     assert again.reused and all(torch.equal(a, b) for a, b in zip(first.model.state_dict().values(),
                                                                     again.model.state_dict().values()))
     control = exp.train_marge(docs, val, tok, scale, torch.device("cpu"), steps=10, change={"beta": 0.0})
     assert not control.reused and control.model.betas() == [0.0]
+
+
+def test_pretraining_counts_the_real_tokens_of_the_batches_it_trained_on():
+    from msgcore.models.marge import MargeTransformer
+    from msgcore.retrieval import BatchConstructor
+
+    docs, scale = exp.toy_documents(30, seed=0), toy_scale()
+    model = MargeTransformer(exp.marge_config(ToyTok(docs.vocab), scale))
+    stream = BatchConstructor(docs.pieces, docs.langs, docs.groups, docs.prefixes, scale.retrieval, exp.BOS, exp.EOS)
+    seen, real = [], stream.next_batch
+
+    def counted(m):
+        batch = real(m)
+        seen.append((int(batch.doc_mask.sum()), int(batch.target_mask.sum())))
+        return batch
+    stream.next_batch = counted
+    log = exp.pretrain(model, stream, 12, on_end=lambda m: {"p_at_1": 0.0})
+    assert [row["step"] for row in log] == [0, 5, 10, 12] and log[-1]["final"]
+    for row in log:  # a refresh row is logged before its update: the budget of the updates before it
+        assert (row["source_tokens"], row["target_tokens"]) == tuple(map(sum, zip((0, 0), *seen[:row["step"]])))
+    assert log[-1]["source_tokens"] > log[-1]["target_tokens"] > 0  # documents: evidence and targets alike
 
 
 def test_warm_start_copies_every_tensor_of_the_same_name_and_shape_and_nothing_else():
@@ -299,41 +326,93 @@ def test_doc_level_test_takes_whole_documents_from_the_start():
 
 # ---- the declared claims and the systems that judge them (msgcore.verdicts) -----------------------------------
 
-def stub_chapter(scale_name):
-    """A chapter's runs without training: logs and histories shaped like the real ones, numbers made up."""
+N_CAPTIONS, N_QUERIES = 8, 40
+WORDS = {"en": "dog cat bird horse cow fish", "de": "hund katze vogel pferd kuh fisch",
+         "fr": "chien chat oiseau cheval vache poisson", "cs": "pes kocka ptak kun krava ryba"}
+
+
+def captions(lang):
+    words = WORDS[lang].split()
+    return [f"{words[i % 6]} {words[(i + 1) % 6]} runs on grass number {i}" for i in range(N_CAPTIONS)]
+
+
+def query_hits(p):
+    return [int(i < p * N_QUERIES) for i in range(N_QUERIES)]
+
+
+def pretraining_log(steps, every, rise):
+    """A pre-training log shaped like `pretrain`'s (a row per refresh, then the final one), numbers made up."""
+    def row(k, step):
+        p = min(0.02 + rise * k, 0.9)
+        return {"refresh": k + 1, "step": step, "source_tokens": 300 * step, "target_tokens": 100 * step,
+                "loss": 5.0 - k / 10, "p_at_1": p, "hits": query_hits(p)}
+    rows = [row(k, step) for k, step in enumerate(range(0, steps, every))]
+    return [*rows, {**row(len(rows), steps), "final": True}]
+
+
+def trainer_history(steps, validations=exp.VALIDATIONS, shift=0.0):
+    """A Trainer's valid rows: dev BLEU, dev noise and tokens, numbers made up."""
+    every = max(steps // validations, 1)
+    return [{"kind": "valid", "step": step, "valid_bleu": 10.0 + shift + min(step, steps // 2) / steps,
+             "valid_noise": None if step == every else 0.05, "source_tokens": 50 * step, "target_tokens": 40 * step}
+            for step in range(every, steps + 1, every)]
+
+
+def stub_chapter(scale_name, seed=0):
+    """A chapter's runs without training: logs, histories and test sets shaped like the real ones."""
     from types import SimpleNamespace
 
+    from msgcore.data import Corpus
+
     scale = exp.get_marge_scale(scale_name)
+    every = scale.retrieval.refresh_every
+    runs = {("MARGE", seed + s, scale.steps): exp.MargeRun(None, pretraining_log(scale.steps, every, 0.01 + s / 100),
+                                                          1.0) for s in scale.seeds}
+    runs.update({(name, seed, scale.ablation_steps): exp.MargeRun(None, pretraining_log(
+        scale.ablation_steps, every * exp.ABLATIONS[name].get("refresh_factor", 1), 0.005 * i), 1.0)
+        for i, name in enumerate(exp.ABLATIONS)})
+    denoiser = SimpleNamespace(run=SimpleNamespace(history=trainer_history(40, shift=-5)),
+                               scale=SimpleNamespace(pretrain=exp._ft(40)))
+    ch = SimpleNamespace(scale=scale, seed=seed, seeds=tuple(seed + s for s in scale.seeds), runs=runs,
+                         denoiser=denoiser, texts={lang: captions(lang) for lang in ("en", "de", "fr", "cs")})
+    ch.main = lambda s=seed: runs["MARGE", s, scale.steps]
+    ch.finetuned = {init: SimpleNamespace(history=trainer_history(scale.finetune.max_steps, shift=i))
+                    for i, init in enumerate(("random init", exp.DENOISER, "MARGE"))}
+    ted = Corpus("ted", "test", ("de",), "en", [captions("de")], captions("en"))
+    ch.ted = {init: SimpleNamespace(corpora={"test": ted}) for init in ch.finetuned}
+    ch.table5 = [(run, SimpleNamespace(history=trainer_history(scale.table5_steps * len(run.train_languages), shift=i)),
+                  "marge") for i, run in enumerate(exp.table5_plan())] if scale.table5_steps else []
+    return ch
 
-    def pretraining_log(steps, rise):
-        refreshes = range(1, steps // scale.retrieval.refresh_every + 2)
-        return [*({"refresh": k, "p_at_1": 0.02 + rise * k} for k in refreshes), {"final": True, "p_at_1": 0.5}]
 
-    def finetuning(steps):
-        return SimpleNamespace(history=[{"kind": "valid", "step": k, "valid_bleu": 1.0} for k in (steps // 2, steps)])
-
-    runs = {("MARGE", s, scale.steps): exp.MargeRun(None, pretraining_log(scale.steps, 0.01), 1.0) for s in scale.seeds}
-    runs.update({(name, 0, scale.ablation_steps): exp.MargeRun(None, pretraining_log(scale.ablation_steps, 0.0), 1.0)
-                 for name in exp.ABLATIONS})
-    denoiser = SimpleNamespace(run=finetuning(scale.steps), scale=SimpleNamespace(pretrain=exp._ft(30)))
-    table5 = [(run, finetuning(scale.table5_steps), "marge") for run in exp.table5_plan()] if scale.table5_steps else []
-    return SimpleNamespace(scale=scale, seed=0, seeds=scale.seeds, runs=runs, denoiser=denoiser, table5=table5,
-                           main=lambda s: runs["MARGE", s, scale.steps],
-                           finetuned={init: finetuning(scale.finetune.max_steps)
-                                      for init in ("random init", exp.DENOISER, "MARGE")})
+def diagonal_counts(own):
+    """Per caption, a 4×4 neighbour-language count whose diagonal holds `own` of each row's 4 neighbours."""
+    rest = (4 - own) / 3
+    return np.tile(np.full((4, 4), rest) + np.eye(4) * (own - rest), (N_CAPTIONS, 1, 1)).reshape(N_CAPTIONS, 16)
 
 
 def stub_evidence(ch):
-    x_en = [(x, "en") for x in exp.TABLE5_LANGUAGES] + [("en", x) for x in exp.TABLE5_LANGUAGES]
-    blank = {exp.DE_EN: 0.5, exp.X_EN: 0.5, exp.BOTH_WAYS: 0.5, exp.TED_TEST: 0.5}
-    return exp.Evidence(zero_shot={(s, a, b): 10.0 + s for s in ch.seeds for a, b in x_en},
-                        start_de_en={s: 0.3 for s in ch.seeds}, ablation_de_en={n: 5.0 for n in exp.ABLATIONS},
-                        test_p1={exp.MARGE: [30.0 + s for s in ch.seeds], exp.DENOISER: [3.0], exp.START: [3.5],
-                                 exp.RANDOM_START: [1.0]},
-                        diagonal={exp.MARGE: [100.0] * len(ch.seeds), exp.RANDOM_START: [75.0]},
-                        ted={init: 2.0 for init in ch.finetuned},
-                        table5={exp.table5_system(r.init, r.setting): 12.0 for r, _, _ in ch.table5},
-                        floors={exp.COPY: blank, exp.CONSTANT: blank})
+    langs = exp.TABLE5_LANGUAGES
+    pairs = [(x, "en") for x in langs] + [("en", x) for x in langs]
+    garbage = ["zzz"] * N_CAPTIONS
+    hits = lambda p: exp.p1_statistics({pair: np.array([int(i < p * N_CAPTIONS) for i in range(N_CAPTIONS)])
+                                        for pair in [("de", "en"), ("en", "de")]})
+    return exp.Evidence(zero_shot={(s, a, b): ch.texts[b] for s in ch.seeds for a, b in pairs},
+                        starts={s: garbage for s in ch.seeds}, ablations={n: ch.texts["en"] for n in exp.ABLATIONS},
+                        test_p1={exp.MARGE: {s: hits(0.75) for s in ch.seeds}, exp.DENOISER: {ch.seed: hits(0.25)},
+                                 exp.START: {ch.seed: hits(0.25)}, exp.RANDOM_START: {ch.seed: hits(0.125)}},
+                        diagonal={exp.MARGE: {s: diagonal_counts(2) for s in ch.seeds},
+                                  exp.RANDOM_START: {ch.seed: diagonal_counts(2)}},
+                        ted={init: ch.texts["en"] for init in ch.finetuned},
+                        table5={exp.table5_system(r.init, r.setting): {x: ch.texts["en"] for x in langs}
+                                for r, _, _ in ch.table5},
+                        constant="a dog runs", ted_constant="a dog runs")
+
+
+def passing_gates(scale_name):
+    scale = exp.get_marge_scale(scale_name)
+    bars = exp.gate_bars(scale)
+    return exp.chapter_gates(scale, {name: bar["target"] for name, bar in bars.items()})
 
 
 @pytest.mark.parametrize("scale", list(exp.MARGE_SCALES))
@@ -347,21 +426,158 @@ def test_declared_claims_name_only_systems_floors_and_gates_the_chapter_produces
     for claim in claims:
         for name in claim.systems():
             assert systems[name].values(claim.test_set, claim.metric) is not None, (claim.id, name)
-    judged = V.judge_all(claims, systems, [V.Gate(name, 1.0, 0.0) for name in exp.GATES])
+    judged = V.judge_all(claims, systems, passing_gates(scale))
     assert V.NOT_RUN not in {v.verdict for v in judged}
     by_id = {v.id: v for v in judged}
-    assert by_id["T4-vs-random"].verdict == V.INDICATIVE  # one fine-tuning seed: never a verdict
-    assert by_id["T2-zero-shot"].seeds == {exp.MARGE: len(ch.seeds), exp.START: len(ch.seeds), exp.COPY: 1,
-                                           exp.CONSTANT: 1}
+    assert by_id["T2-zero-shot"].seeds == {exp.MARGE: list(ch.seeds), exp.START: [V.FLOOR]}
 
 
-def test_a_pretraining_log_becomes_a_dev_curve_with_the_updates_of_each_refresh():
-    log = [{"refresh": 1, "p_at_1": 0.1}, {"refresh": 2, "p_at_1": 0.3}, {"refresh": 3, "final": True, "p_at_1": 0.4}]
-    history = exp.pretraining_history(log, refresh_every=150, steps=250)
-    assert [(row["step"], row[exp.DEV_METRIC]) for row in history] == [(0, 10.0), (150, 30.0), (250, 40.0)]
+def test_every_better_claim_scales_its_smallest_effect_or_declares_it_with_a_reason():
+    for claim in exp.declared_claims("small"):
+        if claim.kind == "better" and claim.paper_delta is not None:
+            assert claim.paper_baseline or (claim.margin is not None and claim.margin_reason), claim.id
+        if claim.kind == "parity":
+            assert claim.margin_reason or claim.paper_baseline, claim.id
+    by_id = {c.id: c for c in exp.declared_claims("small")}
+    m, how = by_id["T4-vs-random"].smallest_effect(0.2)  # our random init fine-tuned on TED scores ~0.2 BLEU
+    assert m == pytest.approx(31.5 / 2 * 0.2 / 7.7) and "7.7" in how  # not the paper's 15.75 at BLEU 0.2
+    m, how = by_id["T4-vs-mBART"].smallest_effect(3.17)  # the denoiser fine-tuned on TED at ~3 BLEU
+    assert m == pytest.approx(1.2 * 3.17 / 29.6) and "the paper's own gap" in how  # not 1.2, 40% of our level
+    assert by_id["T5-all-vs-one"].smallest_effect(18.0)[0] == pytest.approx(0.62 * 18.0 / 36.09)
 
 
-def test_train_one_is_judged_on_its_least_converged_language_run():
-    flat = [{"kind": "valid", "step": 50, "valid_bleu": 5.0}, {"kind": "valid", "step": 100, "valid_bleu": 5.1}]
-    rising = [{"kind": "valid", "step": 50, "valid_bleu": 1.0}, {"kind": "valid", "step": 100, "valid_bleu": 4.0}]
-    assert exp.least_converged([flat, rising, flat], patience=0) is rising
+def test_the_judged_smallest_effect_of_t4_is_scaled_to_our_random_init():
+    from msgcore import verdicts as V
+
+    ch = stub_chapter("small")
+    systems = exp.chapter_systems(ch, stub_evidence(ch))
+    claim = next(c for c in exp.declared_claims("small") if c.id == "T4-vs-random")
+    verdict = V.judge(claim, systems, passing_gates("small"))
+    ours = systems[exp.ted_system("random init")].values(exp.TED_TEST, exp.BLEU)[0]
+    assert verdict.smallest_effect == pytest.approx(31.5 / 2 * ours / 7.7)
+
+
+def test_every_trained_system_carries_every_stage_of_its_runs_keyed_by_real_seed_ids():
+    ch = stub_chapter("small", seed=3)
+    systems = exp.chapter_systems(ch, stub_evidence(ch))
+    pre = ("denoising pre-training", "MARGE pre-training")
+    marge = systems[exp.MARGE]
+    assert [r.seed for r in marge.runs] == [3, 4, 5] and not marge.floor  # zero-shot MARGE: trained, its pre-training
+    assert all(tuple(s.name for s in r.stages) == pre for r in marge.runs)
+    assert sorted(marge.measure(exp.DE_EN, exp.BLEU).scores) == [3, 4, 5]
+    stages = lambda name: [tuple(s.name for s in r.stages) for r in systems[name].runs]
+    assert stages(exp.ted_system("MARGE")) == [(*pre, "TED fine-tuning")]
+    assert stages(exp.ted_system(exp.DENOISER)) == [("denoising pre-training", "TED fine-tuning")]
+    assert stages(exp.ted_system("random init")) == [("TED fine-tuning",)]
+    assert stages(exp.table5_system("MARGE", "Train One")) == [
+        (*pre, "Table 5 fine-tuning (de)", "Table 5 fine-tuning (fr)", "Table 5 fine-tuning (cs)")]
+    assert stages(exp.RANDOM_INIT) == [("MARGE pre-training",)]  # the random-init ablation skips the denoiser
+    assert systems[exp.MARGE_FIRST].runs[0].seed == systems[exp.DENOISER].runs[0].seed == 3
+    for system in systems.values():
+        for run in system.runs:
+            assert run.source_tokens and run.target_tokens, (system.name, run.seed)  # every stage counted tokens
+
+
+def test_a_pretraining_stage_still_rising_leaves_every_claim_on_it_under_trained():
+    from msgcore import verdicts as V
+
+    ch = stub_chapter("small")  # the stub's main runs gain 1 point of val P@1 per refresh to the end
+    systems = exp.chapter_systems(ch, stub_evidence(ch))
+    by_id = {v.id: v for v in V.judge_all(exp.declared_claims("small"), systems, passing_gates("small"))}
+    assert by_id["T2-zero-shot"].reason.startswith("under-trained: MARGE seed 0: MARGE pre-training: dev +5.00")
+    assert "MARGE pre-training" in by_id["T4-vs-mBART"].reason  # a fine-tuned system is judged on its pre-training
+
+
+def test_fine_tuned_budgets_add_the_pretraining_stages_and_are_not_equal():
+    from msgcore import verdicts as V
+
+    ch = stub_chapter("small")
+    systems = exp.chapter_systems(ch, stub_evidence(ch))
+    marge, random = systems[exp.ted_system("MARGE")].runs[0], systems[exp.ted_system("random init")].runs[0]
+    assert marge.last.updates == random.updates == ch.scale.finetune.max_steps  # the same fine-tuning ...
+    assert marge.updates == 40 + ch.scale.steps + ch.scale.finetune.max_steps  # ... after both pre-trainings
+    claim = next(c for c in exp.declared_claims("small") if c.id == "T4-vs-random")
+    verdict = V.judge(claim, systems, passing_gates("small"))
+    assert not verdict.equal_budget and not verdict.statement
+
+
+def test_floors_are_floors_scored_like_the_systems_they_bound():
+    ch = stub_chapter("small")
+    systems = exp.chapter_systems(ch, stub_evidence(ch))
+    for name in (exp.COPY, exp.CONSTANT, exp.START, exp.START_FIRST, exp.RANDOM_START):
+        assert systems[name].floor and not systems[name].runs, name
+    for test, metric, system, floor in ((exp.DE_EN, exp.BLEU, exp.MARGE, exp.COPY),
+                                        (exp.BOTH_WAYS, exp.BLEU, exp.MARGE_INTO, exp.CONSTANT),
+                                        (exp.TED_TEST, exp.BLEU, exp.ted_system("MARGE"), exp.COPY),
+                                        (exp.FLICKR, exp.TEST_P1, exp.MARGE_FIRST, exp.RANDOM_START),
+                                        (exp.VAL, exp.VAL_P1, exp.RANDOM_INIT, exp.RANDOM_START),
+                                        (exp.FLICKR, exp.DIAGONAL, exp.MARGE, exp.RANDOM_START)):
+        ours, theirs = systems[system].measure(test, metric), systems[floor].measure(test, metric)
+        assert ours.sentences == theirs.sentences > 0 and ours.signature == theirs.signature, (test, metric)
+        assert set(ours.replicates) == set(ours.scores)  # every score carries its bootstrap replicates
+    start = systems[exp.START].measure(exp.DE_EN, exp.BLEU)
+    assert start.scores == {-1: 0.0}
+
+
+def test_gates_carry_the_papers_figures_and_none_is_stricter_than_the_papers_systems():
+    from msgcore import verdicts as V
+
+    for scale in exp.MARGE_SCALES:
+        bars = exp.gate_bars(exp.get_marge_scale(scale))
+        assert set(bars) == set(exp.GATES)
+        gates = passing_gates(scale)
+        assert all(g.paper.strip() and g.passed for g in gates)
+    bars = exp.gate_bars(exp.get_marge_scale("small"))
+    assert bars[exp.GATE_FT_MARGE]["paper_value"] == pytest.approx(39.2 - 13.4)
+    assert bars[exp.GATE_T5]["paper_value"] == pytest.approx(17.59 - 13.65)
+    # the fine-tuning gates can fail: a denoiser run at its floor, a MARGE run no better than its zero-shot output
+    small = exp.get_marge_scale("small")
+    failed = exp.chapter_gates(small, {exp.GATE_FT: 0.5, exp.GATE_FT_MARGE: -0.3, exp.GATE_T5: 0.0})
+    assert not any(g.passed for g in failed)
+    with pytest.raises(V.ProtocolError, match="stricter than the paper"):
+        V.Gate(exp.GATE_T5, 5.0, 4.0, **{k: v for k, v in bars[exp.GATE_T5].items() if k != "target"})
+
+
+def test_a_pretraining_log_becomes_validations_with_dev_noise_and_tokens():
+    from msgcore.metrics import paired_standard_error
+
+    log = [{"step": 0, "p_at_1": 0.1, "hits": query_hits(0.1), "source_tokens": 0, "target_tokens": 0},
+           {"step": 150, "p_at_1": 0.3, "hits": query_hits(0.3), "source_tokens": 900, "target_tokens": 300},
+           {"step": 250, "p_at_1": 0.2, "hits": query_hits(0.2), "source_tokens": 1500, "target_tokens": 500,
+            "final": True}]
+    history = exp.pretraining_history(log)
+    assert [(row["step"], row[exp.DEV_METRIC]) for row in history] == [(0, 10.0), (150, 30.0), (250, 20.0)]
+    assert history[0]["valid_noise"] is None  # no best validation before the first
+    stats = lambda p: exp.rate_statistics(query_hits(p))
+    assert history[2]["valid_noise"] == pytest.approx(paired_standard_error(stats(0.2), stats(0.3), exp.rate_score))
+    assert history[2]["valid_noise"] > 0 and (history[2]["source_tokens"], history[2]["target_tokens"]) == (1500, 500)
+
+
+def test_rates_and_their_statistics():
+    assert exp.rate_score(exp.rate_statistics([1, 0, 1, 1]).sum(0)) == 75.0
+    hits = {("de", "en"): np.array([1, 0, 1]), ("en", "de"): np.array([1, 1, 0])}
+    stats = exp.p1_statistics(hits)
+    assert stats.tolist() == [[2, 2], [1, 2], [1, 2]]  # one row per caption, every direction in it
+    assert exp.rate_score(stats.sum(0)) == pytest.approx(100 * 4 / 6)
+
+
+def test_diagonal_statistics_sum_to_the_neighbour_matrix(monkeypatch):
+    g = torch.nn.functional.normalize(torch.randn(12, 8, generator=torch.Generator().manual_seed(0)), dim=-1)
+    order = ("en", "de", "fr")
+    texts = {lang: [str(i)] * 4 for i, lang in enumerate(order)}  # WordTokenizer: language i's rows are [[10 + i]]
+    monkeypatch.setattr(exp, "embed_documents", lambda model, rows, *a: g[4 * (rows[0][0] - 10):][:4])
+    stats = exp.diagonal_statistics(None, WordTokenizer(), texts, order, k=2)
+    whole = exp.neighbour_language_matrix(g, [lang for lang in order for _ in range(4)], order, k=2)
+    assert stats.shape == (4, 9) and stats.sum(0).reshape(3, 3).tolist() == whole
+    assert exp.diagonal_score(stats.sum(0)) == 100 * np.mean([row[i] == max(row) for i, row in enumerate(whole)])
+
+
+def test_a_mean_bleu_is_scored_per_caption_with_paired_replicates():
+    from msgcore.metrics import corpus_score
+
+    refs = [captions("en"), captions("de")]
+    hyps = [captions("en")[:4] + ["zzz"] * 4, captions("de")]
+    measure = exp.mean_bleu_measure({7: hyps}, refs)
+    expected = np.mean([corpus_score("bleu", h, r).score for h, r in zip(hyps, refs)])
+    assert measure.scores[7] == pytest.approx(expected) and measure.sentences == N_CAPTIONS
+    assert len(measure.replicates[7]) == 200 and measure.signature.startswith("mean over 2 directions of")

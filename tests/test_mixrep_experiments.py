@@ -1,13 +1,15 @@
 """Chapter 2's recipes (msgcore/experiments/mixrep.py): the scales, chapter 0's run as the SP baseline, the
 co-teaching and self-training data, stage 2, the analyses, and the whole chapter on a toy scale (offline)."""
+import statistics
 import urllib.error
 from dataclasses import replace
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
-from msgcore import download, experiments, recipes, verdicts
+from msgcore import chapters, download, experiments, recipes, verdicts
 from msgcore.experiments import BASELINE_SCALES, Scale, baseline_data, run_key, train_translation
 from msgcore.experiments import mixrep as mx
 from msgcore.experiments.mixrep import BPE, SP
@@ -84,6 +86,9 @@ def test_bad_options_are_one_line_errors(monkeypatch):
     checks.append((lambda: mx.check_options("odd", 0), "unknown direction de→fr"))
     monkeypatch.setitem(mx.MIXREP_SCALES, "odder", replace(mx.MIXREP_SCALES["small"], extra_directions=(("en", "ja"),)))
     checks.append((lambda: mx.check_options("odder", 0), "unknown direction en→ja"))
+    no_wide = replace(mx.MIXREP_SCALES["small"], extra_directions=(("de", "en"),))
+    monkeypatch.setitem(mx.MIXREP_SCALES, "no-wide", no_wide)
+    checks.append((lambda: mx.check_options("no-wide", 0), "without the wide Transformer"))
     for call, message in checks:
         with pytest.raises(MsgcoreError, match=message) as error:
             call()
@@ -168,38 +173,123 @@ def test_stage_2_starts_from_the_stage_1_model_with_a_fresh_optimizer(toy_direct
         assert torch.equal(seen[0][key], value), key
 
 
+# ---- the claims, declared before any run ------------------------------------------------------------------
+
 def test_the_claims_are_declared_as_data_the_same_at_every_scale():
     declared = {name: mx.declared_claims(name) for name in mx.MIXREP_SCALES}
     ids = [c.id for c in declared["full"]]
-    assert len(ids) == len(set(ids)) == 27 and all([c.id for c in cs] == ids for cs in declared.values())
+    assert len(ids) == len(set(ids)) == 29 and all([c.id for c in cs] == ids for cs in declared.values())
     for scale, claims in declared.items():
         for c in claims:
-            assert c.kind == "better" and c.metric == "BLEU" and c.test_set == mx.MIXREP_SCALES[scale].test_split
-            assert c.cost and ("CPU-hours" in c.cost or "not timed on a CPU" in c.cost) and "GPU" in c.cost
+            assert c.kind in ("better", "parity") and c.metric == "BLEU"
+            assert c.test_set == mx.MIXREP_SCALES[scale].test_split
+            assert c.cost.startswith("cost: not measured") and "GPU" in c.cost  # no rate is known before the runs
             if not c.id.startswith("§1"):  # a generation claim: the system must clear copying and the constant
                 assert c.floors == tuple(mx.floor_name(f, c.id.split()[-1]) for f in mx.FLOORS)
     by_id = {c.id: c for c in declared["small"]}
-    assert by_id["T3 MixRep>narrow SP De→En"].paper_delta == 0.86  # 35.25 − 34.39: the paper's own cells
-    assert by_id["T3 MixRep>wide SP De→En"].smallest_effect == 0.5  # "by 0.5 points"
-    assert by_id["T3 co-teaching De→En"].smallest_effect == 1.0  # "more than 1.0"
-    assert by_id["T2 BPE>SP En→De"].paper_delta == 0.35
     assert by_id["T6 mixed>stacked De→En"].single_source == ("Transformer (narrow) [SP] De→En",)
     assert "1 seed (indicative at most)" in by_id["T7 self-training De→En"].cost
     assert "indicative" not in by_id["T3 wide>narrow De→En"].cost  # full trains Table 3 with 3 seeds
 
 
-def test_one_small_seed_is_indicative_and_a_missing_system_is_not_run():
-    by_id = {c.id: c for c in mx.declared_claims("small")}
+# claim id -> the paper's own (system, baseline) cells, read from its Tables 3 and 8
+PAPER_CELLS = {"T3 MixRep>narrow SP De→En": (35.25, 34.39), "T3 MixRep>wide SP De→En": (35.25, 34.77),
+               "T3 MixRep>wide BPE De→En": (35.51, 34.84), "T3 MixRep>wide SP En→De": (28.88, 28.45),
+               "T3 MixRep>wide BPE En→De": (28.96, 28.80), "T3 co-teaching De→En": (36.31, 35.25),
+               "T3 co-teaching En→De": (29.71, 28.88), "T8 BPE En→De": (28.98, 28.80),
+               "T8 BPE-4k De→En": (35.24, 34.91)}
+
+
+def test_every_better_claim_takes_its_smallest_effect_from_its_own_paper_cell():
+    by_id = {c.id: c for c in mx.declared_claims("full")}
+    for id, (system, baseline) in PAPER_CELLS.items():
+        c = by_id[id]
+        assert (c.paper_delta, c.paper_baseline, c.margin) == (round(system - baseline, 2), baseline, None), id
+        m, how = c.smallest_effect(2 * baseline)  # at twice the paper's level, half the paper's delta doubles
+        assert m == pytest.approx(system - baseline, abs=0.006) and "at our level" in how, id
+    for c in by_id.values():
+        if c.kind == "better" and not c.id.startswith("§1"):
+            assert c.margin is None and c.paper_delta > 0 and c.paper_baseline, c.id
+    # the cells the old margins failed: m is half their own delta, never "0.5" or "1.0"
+    assert by_id["T3 MixRep>wide BPE En→De"].smallest_effect(28.80)[0] == pytest.approx(0.08)
+    assert by_id["T3 co-teaching En→De"].smallest_effect(28.88)[0] == pytest.approx(0.415)
+
+
+def test_table8_takes_its_delta_and_its_comparison_against_the_same_wide_baseline():
+    for d in mx.DIRECTIONS:
+        for c, k in zip((c for c in mx.declared_claims("full") if c.id.startswith("T8") and c.id.endswith(d)), (0, 1)):
+            assert c.baseline == mx.system_name(d, mx.WIDE, c.baseline.split("[")[1].split("]")[0])
+            assert c.paper_baseline == mx.PAPER_TABLE8["Transformer_512"][d][k]  # the paper's delta is vs T512 too
+
+
+def test_table2_is_parity_both_ways_within_a_margin_no_paper_cell_fails():
+    t2 = [c for c in mx.declared_claims("full") if c.id.startswith("T2")]
+    assert len(t2) == 4 and {c.kind for c in t2} == {"parity"}
+    for d in mx.DIRECTIONS:
+        sp, bpe = (mx.system_name(d, mx.NARROW, column) for column in (SP, BPE))
+        assert {(c.system, c.baseline) for c in t2 if c.id.endswith(d)} == {(sp, bpe), (bpe, sp)}
+    shares = [abs(b - s) / min(b, s) for row in ("Transformer_512", "Transformer_256")
+              for b, s in mx.PAPER_TABLE3[row].values()]
+    for c in t2:
+        assert c.margin == mx.T2_MARGIN and c.margin_reason and "\n" not in c.margin_reason
+        assert max(shares) * 40 < c.margin  # the paper's largest gap, at our level (≤ 40 BLEU), is inside it
+
+
+SHARED = np.random.default_rng(0).normal(0, 0.3, 200)  # one resampling effect every system shares (paired)
+
+
+def evidence(name: str, scores: dict[int, float]) -> verdicts.System:
+    """A trained system as the chapter builds one: seed-keyed scores with their replicates, one converged run per
+    seed."""
+    measure = verdicts.Measure(scores, 50, "BLEU|toy", {k: list(v + SHARED) for k, v in scores.items()})
+    runs = [verdicts.RunRecord(k, (verdicts.Stage("training", ((100, 30.0), (200, 33.0), (300, 33.1),
+                                                               (400, 33.1 + k / 1000)), 400, 10_000, 9_000,
+                                                  dev_noise=0.05),)) for k in scores]
+    return verdicts.System(name, {"test_2016_flickr": {"BLEU": measure}}, runs)
+
+
+def judged(claims, systems: dict[str, verdicts.System]) -> dict[str, verdicts.Verdict]:
+    """The claims judged against `systems`, the floors at 3 BLEU and every gate passing."""
+    floors = {name: verdicts.floor_system(name, "test_2016_flickr", "BLEU", 3.0, 50, "BLEU|toy", list(3.0 + SHARED))
+              for c in claims for name in c.floors}
+    gates = [verdicts.Gate(name, 1.0, 0.5, "none: a test") for name in {g for c in claims for g in c.gates}]
+    return {v.id: v for v in verdicts.judge_all(claims, {**systems, **floors}, gates)}
+
+
+def test_table2_parity_is_judged_both_ways():
+    claims = [c for c in mx.declared_claims("full") if c.id.startswith("T2") and c.id.endswith("De→En")]
+    sp, bpe = (mx.system_name("De→En", mx.NARROW, column) for column in (SP, BPE))
+    sp_scores = {0: 38.0, 1: 38.2, 2: 38.1}
+    near = judged(claims, {sp: evidence(sp, sp_scores), bpe: evidence(bpe, {0: 38.1, 1: 38.1, 2: 38.2})})
+    assert {v.verdict for v in near.values()} == {verdicts.REPRODUCED}
+    far = judged(claims, {sp: evidence(sp, sp_scores), bpe: evidence(bpe, {0: 36.4, 1: 36.6, 2: 36.5})})
+    assert far["T2 BPE on par with SP De→En"].verdict == verdicts.NOT_REPRODUCED
+    assert far["T2 SP on par with BPE De→En"].verdict == verdicts.REPRODUCED
+
+
+def test_one_small_seed_is_indicative_and_a_missing_system_is_not_run_with_its_measured_cost():
+    rates = {mx.NARROW: mx.Rate(0.74, 1464, "cpu"), mx.MIXREP: mx.Rate(0.88, 1488, "cpu")}
+    by_id = {c.id: c for c in mx.declared_claims("small", rates)}
     claims = [by_id["T3 MixRep>narrow SP De→En"], by_id["T3 wide>narrow De→En"]]
-    run = verdicts.RunRecord(((100, 30.0), (200, 33.0), (300, 33.1), (400, 33.1)), 400, False)
-    systems = {name: verdicts.System(name, {"test_2016_flickr": {"BLEU": [score]}}, [run], 400)
-               for name, score in (("MixRep [SP] De→En", 37.3), ("Transformer (narrow) [SP] De→En", 39.2))}
-    systems.update({name: verdicts.floor_system(name, "test_2016_flickr", "BLEU", 3.0)
-                    for name in ("copy input De→En", "best constant De→En")})
-    gates = [verdicts.Gate(name, 40.0, 25.0) for name in claims[0].gates]
-    mixrep, wide = verdicts.judge_all(claims, systems, gates)
-    assert mixrep.verdict == verdicts.INDICATIVE and "leans against" in mixrep.reason
-    assert wide.verdict == verdicts.NOT_RUN and "Transformer (wide) not timed on a CPU" in wide.reason
+    mixrep, narrow = "MixRep [SP] De→En", "Transformer (narrow) [SP] De→En"
+    verdict = judged(claims, {mixrep: evidence(mixrep, {0: 37.3}), narrow: evidence(narrow, {0: 39.2})})
+    assert verdict[claims[0].id].verdict == verdicts.INDICATIVE and "leans against" in verdict[claims[0].id].reason
+    assert verdict[claims[1].id].verdict == verdicts.NOT_RUN
+    assert "Transformer (wide) [SP]: cost not measured" in verdict[claims[1].id].reason
+
+
+def test_costs_count_every_run_a_claim_needs_at_the_measured_rates():
+    rates = {mx.NARROW: mx.Rate(0.74, 1464, "cpu"), mx.MIXREP: mx.Rate(0.88, 1488, "cpu")}
+    by_id = {c.id: c for c in mx.declared_claims("small", rates)}
+    t2 = by_id["T2 SP on par with BPE De→En"].cost  # narrow SP and narrow BPE: six runs, not three
+    assert t2.count("about 0.9 CPU-hours (3 runs × 1,464 updates at 0.74 s each") == 2
+    decoders = by_id["T3 decoders De→En"].cost  # both decoders are one run: MixRep's, then its co-teaching stage
+    assert "MixRep: about 1.1 CPU-hours" in decoders and "co-teaching stage: cost not measured" in decoders
+    assert decoders.count("3 runs") == 1
+    assert "on 5,000 pairs: about" in by_id["§1 low-resource De→En"].cost
+    assert all("0.41" not in c.cost and "0.94" not in c.cost for c in by_id.values())  # no rate but the measured
+    gpu = mx.declared_claims("small", {mx.NARROW: mx.Rate(0.05, 900, "cuda")})[0].cost
+    assert "hours on cuda" in gpu and "CPU-hours" not in gpu
 
 
 def test_word_segments_group_pieces_by_word():
@@ -213,38 +303,107 @@ def test_word_segments_group_pieces_by_word():
 @pytest.fixture
 def toy_chapter(offline, tmp_path, monkeypatch):
     toy_scale = replace(mx.MIXREP_SCALES["smoke"], wide=dict(d_model=64), table2_directions=(("en", "de"),),
-                        co_teaching=replace(STEPS, max_steps=2), curve_sizes=(40,), n_bootstrap=20, run_steps=0,
+                        co_teaching=replace(STEPS, max_steps=2), curve_sizes=(40,), run_steps=0,
                         test_examples=None, table8_vocab=1000)
     monkeypatch.setitem(mx.MIXREP_SCALES, "smoke", toy_scale)
     monkeypatch.setitem(BASELINE_SCALES, "smoke", TOY)
     return mx.run_chapter("smoke", CPU, tmp_path / "ch02", 0)
 
 
-def test_the_whole_chapter_runs_judges_every_claim_and_analyses_on_a_toy_scale(toy_chapter):
-    ch = toy_chapter
-    systems = {(d, system, column) for d, system, column, _ in ch.runs}
+def check_runs(ch):
+    """Every system of every table trained, MixRep's two decoders from one run, Table 8 beside the wide model."""
+    trained = {(d, system, column) for d, system, column, _ in ch.runs}
     for system in (mx.NARROW, mx.WIDE, mx.MIXREP, mx.COTEACH, mx.STACKED, mx.SELF_TRAIN, mx.QUERY_OWNED):
-        assert ("De→En", system, SP) in systems and ("De→En", system, BPE) in systems, system
-    assert ("En→De", mx.NARROW, BPE) in systems and ("De→En", mx.table8_system(ch.scale), "BPE-1k") in systems
+        assert ("De→En", system, SP) in trained and ("De→En", system, BPE) in trained, system
+    assert ("En→De", mx.NARROW, BPE) in trained and ("De→En", mx.table8_system(ch.scale), "BPE-1k") in trained
+    assert ("De→En", mx.WIDE, "BPE-1k") in trained and ("De→En", mx.NARROW, "BPE-1k") not in trained
     assert ch.runs["De→En", mx.MIXREP, SP, 0].run is ch.runs["De→En", mx.MIXREP, BPE, 0].run  # two decoders
     assert ch.runs["De→En", mx.QUERY_OWNED, SP, 0].run.model.cfg.mix_attention_owner == "queries"
     assert ch.runs["De→En", mx.STACKED, SP, 0].run.model.cfg.mixing == "stacked"
     assert len(ch.co_teaching["De→En", 0]) == 2 * len(ch.primary.data["mix"].encoded["train"])
     assert ch.runs["De→En", mx.NARROW, SP, 0].run.reused is False  # no chapter 0 run in this cache
-    # every claim the toy scale runs finds its systems, floors and gates; a toy model passes no gate
-    claims = mx.declared_claims("smoke")
+
+
+def check_evidence(ch, systems):
+    """Measures keyed by seed id with their replicates, floors declared as floors, every stage of every run."""
+    refs = mx.references(ch, "De→En")
+    mixrep = systems["MixRep [SP] De→En"]
+    measure = mixrep.measure(ch.scale.test_split, mx.METRIC)
+    assert set(measure.scores) == set(measure.replicates) == set(ch.seeds) and measure.sentences == len(refs)
+    assert measure.scores[0] == pytest.approx(mx.seed_bleu(ch, "De→En", mx.MIXREP, SP, 0))
+    for floor in mx.FLOORS:
+        f = systems[mx.floor_name(floor, "De→En")]
+        assert f.floor and f.runs == () and f.updates is None
+        fm = f.measure(ch.scale.test_split, mx.METRIC)
+        assert (fm.sentences, fm.signature) == (measure.sentences, measure.signature)  # scored like the systems
+    co = systems["MixRep + co-teaching [SP] De→En"].run(0)
+    assert [s.name for s in co.stages] == [mx.TRAINING, mx.CO_TEACHING]
+    assert co.stages[0] == mixrep.run(0).stages[0]  # MixRep's own training, then the co-teaching stage
+    assert (co.stages[0].schedule, co.stages[1].schedule) == (verdicts.schedule_of(ch.recipe.train),
+                                                              verdicts.schedule_of(ch.scale.co_teaching))
+    assert co.updates == co.stages[0].updates + co.stages[1].updates and co.target_tokens is not None
+    self_trained = systems["Transformer (wide) + self-training [BPE] De→En"].run(0)
+    assert [s.name for s in self_trained.stages] == [mx.TRAINING, mx.SELF_TRAINING]
+    assert self_trained.stages[0] == systems["Transformer (wide) [BPE] De→En"].run(0).stages[0]
+    curve = systems["MixRep, first 40 pairs [SP] De→En"]
+    assert [s.name for s in curve.run(0).stages] == [mx.TRAINING]  # a learning-curve system has its run too
+    gain = systems[mx.curve_gain_name("fewest pairs", "De→En")]
+    assert [s.name for s in gain.run(0).stages] == ["MixRep, first 40 pairs: training",
+                                                    "Transformer (narrow), first 40 pairs: training"]
+    narrow = systems["Transformer (narrow), first 40 pairs [SP] De→En"]
+    assert gain.values(ch.scale.test_split, mx.METRIC)[0] == pytest.approx(
+        curve.values(ch.scale.test_split, mx.METRIC)[0] - narrow.values(ch.scale.test_split, mx.METRIC)[0])
+    rows = {r["system"]: r for r in mx.evidence_table(systems, ch.scale.test_split)}
+    assert rows["MixRep + co-teaching [SP] De→En"]["stages"] == "training → co-teaching"
+    assert rows["copy input De→En"]["floor"] == "yes"
+
+
+def check_gates(ch, gates):
+    """Every gate prints the paper's figure; the quality, wide and baseline gates measure what they say."""
+    by_name = {g.name: g for g in gates}
+    assert all(g.paper.strip() for g in gates)
+    narrow = statistics.fmean(mx.bleu(ch, "De→En", mx.NARROW, SP))
+    quality = by_name[mx.quality_gate_name("De→En", mx.MIXREP, BPE)]
+    assert quality.value == pytest.approx(mx.ratio(min(mx.bleu(ch, "De→En", mx.MIXREP, BPE)), narrow))
+    assert quality.target == mx.QUALITY_RATIO <= quality.paper_value == round(mx.paper_quality_floor()[0], 3)
+    wide = by_name[mx.wide_gate_name("De→En", SP)]
+    assert wide.paper_value == round(34.77 / 34.39, 3) and "34.77 / 34.39" in wide.paper
+    assert by_name[mx.baseline_gate_name("En→De")].paper_value == round(28.24 / 34.39, 3)
+    curve = by_name[mx.quality_gate_name("De→En", "MixRep, first 40 pairs", SP)]
+    assert curve.paper_value is None and curve.paper.startswith("none")  # its yardstick: the narrow model on 40 pairs
+    assert mx.quality_gate_name("De→En", mx.NARROW, SP) not in by_name  # chapter 0's model has the baseline gate
+    assert by_name[mx.key_gate_name("De→En")].passed  # this scale's narrow SP baseline is chapter 0's toy run
+    assert not by_name[mx.baseline_gate_name("De→En")].passed  # and it is no sane baseline
+
+
+def test_the_whole_chapter_runs_judges_every_claim_and_analyses_on_a_toy_scale(toy_chapter, tmp_path):
+    ch = toy_chapter
+    check_runs(ch)
+    rates = mx.measured_rates(ch)
+    assert set(rates) == {mx.NARROW, mx.WIDE, mx.MIXREP} and rates[mx.MIXREP].device == "cpu"
+    run = ch.runs["De→En", mx.MIXREP, SP, 0].run
+    assert rates[mx.MIXREP].seconds == pytest.approx(run.wall_time_s / mx.run_updates(run))
+    # every claim the toy scale runs finds its systems, floors and gates; a toy model passes no baseline gate
+    claims = mx.declared_claims("smoke", rates)
+    assert [replace(c, cost="") for c in claims] == [replace(c, cost="") for c in mx.declared_claims("smoke")]
     systems, gates = mx.chapter_systems(ch), mx.chapter_gates(ch, claims)
-    run = [c for c in claims if {c.system, c.baseline} <= set(systems)]
-    assert {c.id for c in run} == {c.id for c in claims if "De→En" in c.id} | {"T2 BPE>SP En→De"}
-    for c in run:
+    check_evidence(ch, systems)
+    check_gates(ch, gates)
+    ran = [c for c in claims if {c.system, c.baseline} <= set(systems)]
+    assert {c.id for c in ran} == {c.id for c in claims if "De→En" in c.id} | {"T2 SP on par with BPE En→De",
+                                                                               "T2 BPE on par with SP En→De"}
+    for c in ran:
         assert set(c.systems()) <= set(systems) and set(c.gates) <= {g.name for g in gates}, c.id
-    assert systems["copy input De→En"].updates is None and systems["MixRep + co-teaching [SP] De→En"].updates > \
-        systems["MixRep [SP] De→En"].updates  # two stages, summed
     judged = {v.id: v for v in verdicts.judge_all(claims, systems, gates)}
     assert all(judged[c.id].verdict == verdicts.NOT_DECIDED and judged[c.id].reason.startswith("gate failed")
-               for c in run)
-    assert {v.verdict for i, v in judged.items() if i not in {c.id for c in run}} == {verdicts.NOT_RUN}
-    assert mx.evidence_table(systems, ch.scale.test_split)[0]["seeds"] == 1
+               for c in ran)
+    assert {v.verdict for i, v in judged.items() if i not in {c.id for c in ran}} == {verdicts.NOT_RUN}
+    path = verdicts.write_results(tmp_path / "ch02.json", "2", "smoke", "abc", list(judged.values()), systems,
+                                  identity=chapters.identity("ch02_mixrep", "smoke"))
+    stored = verdicts.load_json(path)
+    assert stored["recipe"] == chapters.recipe_fingerprint("ch02_mixrep", "smoke")
+    assert [(v.id, v.verdict, v.reason) for v in verdicts.rejudge(stored)] == \
+        [(v.id, v.verdict, v.reason) for v in judged.values()]  # the file holds the whole evidence
     table = mx.results_table(ch, {mx.NARROW: "Transformer_256", mx.COTEACH: "+ co-teaching"}, mx.PAPER_TABLE3,
                              ["De→En"])
     assert table[0]["De→En SP, paper"] == 34.39 and table[1]["De→En BPE, paper"] == 36.41
@@ -260,8 +419,8 @@ def test_the_whole_chapter_runs_judges_every_claim_and_analyses_on_a_toy_scale(t
     assert weights.shape == (len(queries), len(keys))
     torch.testing.assert_close(weights.sum(-1), torch.ones(len(queries)))
     refs = mx.references(ch, "De→En")
-    systems = {"a": mx.outputs(ch, "De→En", mx.NARROW, SP), "b": mx.outputs(ch, "De→En", mx.MIXREP, SP)}
-    cases = mx.case_studies(refs, refs, systems, "a", "b")
+    outputs = {"a": mx.outputs(ch, "De→En", mx.NARROW, SP), "b": mx.outputs(ch, "De→En", mx.MIXREP, SP)}
+    cases = mx.case_studies(refs, refs, outputs, "a", "b")
     assert [c["case"] for c in cases] == ["largest gain", "largest loss"]
 
 

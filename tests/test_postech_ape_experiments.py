@@ -2,6 +2,8 @@
 buckets, the do-nothing baseline, the ensemble rules, initialisation from a pre-trained model, option errors."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -140,11 +142,14 @@ def test_dual_source_control_ignores_src_in_the_encoder():
 
 # ---- the claims and the evidence they are judged on (msgcore.verdicts) -------------------------------------
 
-def history(generic: bool) -> list[dict]:
-    """A run's log rows: a falling loss and two validations with a flat dev BLEU (a converged run)."""
-    last = P.POSTECH_SCALES["smoke"].generic.max_steps if generic else P.POSTECH_SCALES["smoke"].finetune.max_steps
-    return [{"kind": "train", "step": 1, "loss": 6.0}, {"kind": "train", "step": last, "loss": 3.0},
-            {"kind": "valid", "step": 1, "valid_bleu": 20.0}, {"kind": "valid", "step": last, "valid_bleu": 20.1}]
+def history(steps: int) -> list[dict]:
+    """A converged run's log rows: a falling loss, four validations whose dev BLEU rises then stays flat over the
+    last quarter, a small dev noise, and the trainer's cumulative token counts."""
+    points = [steps * k // 4 for k in (1, 2, 3, 4)]
+    tokens = [{"source_tokens": 100 * p, "target_tokens": 90 * p} for p in points]
+    return ([{"kind": "train", "step": p, "loss": 6.0 - p / steps, **t} for p, t in zip(points, tokens)] +
+            [{"kind": "valid", "step": p, "valid_bleu": bleu, "valid_noise": noise, **t}
+             for p, bleu, noise, t in zip(points, (20.0, 21.0, 21.05, 21.05), (None, 0.01, 0.01, 0.01), tokens)])
 
 
 def damaged(sentences, key: str, rate: float) -> list[str]:
@@ -155,73 +160,201 @@ def damaged(sentences, key: str, rate: float) -> list[str]:
     return [" ".join(w for w in s.split() if rng.random() > rate) or s for s in sentences]
 
 
-def fake_chapter(quality: float = 0.1):
-    """Chapter 4 at smoke scale as `run_chapter` leaves it, without training: every run's log rows, and every
-    output the claims read already decoded (each system drops words at about `quality` ± a little)."""
+def fake_chapter(quality: float = 0.1, generic_quality: float = 0.1, start_quality: float = 0.3):
+    """Chapter 4 at smoke scale with three seeds and 60 dev and test triplets, as `run_chapter` leaves it, without training: every run's log rows
+    (the denoiser's included), and every output the claims and gates read already decoded. The MT drops 30% of the
+    post-edit's words; fine-tuned models drop about `quality`, generic models `generic_quality`, the start (the
+    denoiser copying mt) `start_quality` (0.3: it is the MT)."""
     import random
     from types import SimpleNamespace
 
-    scale = P.POSTECH_SCALES["smoke"]
+    from msgcore.foundations.denoiser import DENOISER_SCALES
+
+    scale = replace(P.POSTECH_SCALES["smoke"], seeds=(0, 1, 2), dev_examples=60, test_examples=60)
     rng = random.Random(0)
     words = [f"w{i}" for i in range(30)]
     corpora = {}
     for split, n in (("train", 40), ("val", scale.dev_examples), ("test", scale.test_examples)):
         pe = [" ".join(rng.choices(words, k=8)) for _ in range(n)]
-        mt = damaged(pe, f"mt {split}", 0.3)  # the MT: the post-edit with 30% of its words dropped
+        mt = damaged(pe, f"mt {split}", 0.3)
         corpora[split] = triplets([(f"source {i}", m, p) for i, (m, p) in enumerate(zip(mt, pe))])
     keys = [(s, a, sd) for s in [*P.ARCHITECTURES, P.DUAL, P.CONCAT] for a in (P.GENERIC, *scale.ratios)
-            for sd in (0, 1)]
-    ch = SimpleNamespace(scale=scale, seed=0, ape=SimpleNamespace(corpora=corpora), outputs={},
-                         runs={key: SimpleNamespace(history=history(key[1] == P.GENERIC), model=None) for key in keys})
+            for sd in scale.seeds]
+    steps = {True: scale.generic.max_steps, False: scale.finetune.max_steps}
+    denoiser = SimpleNamespace(run=SimpleNamespace(history=history(DENOISER_SCALES["smoke"].pretrain.max_steps)),
+                               scale=DENOISER_SCALES["smoke"])
+    ch = SimpleNamespace(scale=scale, seed=0, ape=SimpleNamespace(corpora=corpora), outputs={}, denoiser=denoiser,
+                         runs={key: SimpleNamespace(history=history(steps[key[1] == P.GENERIC]), model=None)
+                               for key in keys})
     for split in ("val", "test"):
-        refs = corpora[split].target
-        ch.outputs[P.INITIAL_OUTPUTS, split] = list(corpora[split].sources[1])
+        refs, mt = corpora[split].target, list(corpora[split].sources[1])
+        ch.outputs[P.INITIAL_OUTPUTS, split] = mt if start_quality == 0.3 else damaged(refs, "start", start_quality)
+        ch.outputs[P.CONCAT_START_OUTPUTS, split] = damaged(refs, "concat start", 0.5)
         for key in keys:
-            ch.outputs[P.run_name(*key), split] = damaged(refs, str(key), quality + 0.02 * (len(str(key)) % 3))
+            rate = generic_quality if key[1] == P.GENERIC else quality
+            ch.outputs[P.run_name(*key), split] = damaged(refs, str(key), rate + 0.02 * (len(str(key)) % 3))
         ch.outputs["ensemble", split] = damaged(refs, "ensemble", quality)
     return ch
 
 
-def chapter_evidence(quality: float = 0.1):
-    ch = fake_chapter(quality)
-    members = [(system, 1.0) for system in P.ARCHITECTURES]
-    return {**P.chapter_systems(ch, "ensemble", members), **P.floor_systems(ch)}, P.trained_gates(ch)
+MEMBERS = [(system, 1.0) for system in P.ARCHITECTURES]
+
+
+def chapter_evidence(ch=None):
+    ch = ch or fake_chapter()
+    return {**P.chapter_systems(ch, "ensemble", MEMBERS), **P.floor_systems(ch)}, P.trained_gates(ch)
+
+
+def judged(ch=None) -> dict[str, V.Verdict]:
+    systems, gates = chapter_evidence(ch)
+    return {v.id: v for v in V.judge_all(P.declared_claims("small"), systems, gates)}
 
 
 def test_declared_claims_name_only_systems_floors_and_gates_the_chapter_produces():
     systems, gates = chapter_evidence()
     for scale in P.POSTECH_SCALES:
         claims = P.declared_claims(scale)
-        judged = V.judge_all(claims, systems, gates)
+        verdicts_ = V.judge_all(claims, systems, gates)
         assert {c.id for c in claims} >= {"P1", "P2", "P5-dev", "P5-test", "P6a", "P6b", "P7", "P8", "O1", "O2"}
-        for claim, verdict in zip(claims, judged):
-            assert set(claim.gates) <= {gate.name for gate in gates}
+        for claim, verdict in zip(claims, verdicts_):
             if claim.id == "P8":  # declared, never run: our synthetic MT cannot test the paper's filter
                 assert verdict.verdict == V.NOT_RUN and "real machine translations" in verdict.reason
                 continue
             assert set(claim.systems()) <= set(systems), claim.id
-            assert verdict.verdict != V.NOT_RUN and verdict.converged, claim.id
-            if claim.metric in ("TER", "BLEU"):
-                assert P.DO_NOTHING in claim.floors and P.CONSTANT in claim.floors
+            assert claim.gates == P.GATES, claim.id  # every APE claim rests on the start and generic gates
+            assert verdict.verdict != V.NOT_RUN and verdict.converged, (claim.id, verdict.reason)
+            assert P.DO_NOTHING in claim.floors and P.CONSTANT in claim.floors
+            assert claim.metric == "BLEU" or not claim.higher_is_better  # TER (and its means): lower is better
+            assert "validates on dev BLEU" in claim.claim  # the stages' dev metric, said in the claim
 
 
-def test_systems_worse_than_doing_nothing_are_below_floor_not_judged():
-    systems, gates = chapter_evidence(quality=0.6)  # every system drops 60% of the words; the MT only 30%
-    verdicts_ = {v.id: v for v in V.judge_all(P.declared_claims("small"), systems, gates)}
-    for claim in ("P6a", "P6a-ens", "P6b", "P7"):
-        assert verdicts_[claim].verdict == V.NOT_DECIDED and verdicts_[claim].reason.startswith("below floor"), claim
-
-
-def test_floors_are_do_nothing_a_constant_chosen_elsewhere_and_the_untrained_start():
+def test_every_better_claim_scales_its_smallest_effect_to_our_level():
+    claims = {c.id: c for c in P.declared_claims("small")}
+    assert claims["P1"].paper_baseline == pytest.approx(14.8875)  # Table 2: the mean α = 1 dev TER
+    assert claims["P2"].paper_baseline == pytest.approx(15.02)  # Table 2: the mean generic dev TER
+    assert claims["P6a"].paper_baseline == 16.84 and claims["P5-dev"].paper_baseline == 77.68
+    for claim in claims.values():
+        if claim.kind == "better":
+            assert claim.paper_baseline or (claim.margin is not None and claim.margin_reason), claim.id
+    verdicts_ = judged()
     ch = fake_chapter()
+    do_nothing = P.ape_scores(P.mt_outputs(ch, "test"), P.references(ch, "test"))["TER"]
+    assert verdicts_["P6a"].smallest_effect == pytest.approx(0.73 / 2 * do_nothing / 16.84)
+    assert "at our level" in verdicts_["P6a"].effect
+    assert verdicts_["O2"].smallest_effect == P.MASK_MARGIN
+
+
+def test_every_run_carries_its_pretraining_generic_phase_and_fine_tuning():
+    ch = fake_chapter()
+    systems, _ = chapter_evidence(ch)
+    architecture, alpha = P.best_single(ch)
+    for seed in (0, 1, 2):
+        names = [stage.name for stage in systems[P.BEST].run(seed).stages]
+        assert names == ["denoising pre-training (dev: reconstruction BLEU)",
+                         f"{architecture}: generic phase (dev BLEU)",
+                         f"{architecture}: fine-tuning α = {alpha:g}, seed {seed} (dev BLEU)"]
+    for name, system in systems.items():
+        if system.floor:
+            continue
+        seeds = {k for by_metric in system.measures.values() for m in by_metric.values() for k in m.scores}
+        assert {run.seed for run in system.runs} == seeds, name  # one run per scored seed id, no more
+        for run in system.runs:
+            assert run.stages[0].name.startswith("denoising pre-training") and run.target_tokens, name
+            assert all(stage.higher_is_better for stage in run.stages)  # dev BLEU, whatever the claim's metric
+    ensemble = systems[P.ENSEMBLE]  # its one seed id: the fine-tuning seed its members share
+    assert [run.seed for run in ensemble.runs] == [0]
+    names = [stage.name for stage in ensemble.run(0).stages]
+    assert len(names) == 1 + 2 * len(MEMBERS)  # pre-training, then each member's generic phase and fine-tuning
+    assert all(f"{system}: fine-tuning α = 1, seed 0 (dev BLEU)" in names for system, _ in MEMBERS)
+    assert len(systems[P.TUNED].run(0).stages) == 1 + 2 * len(P.ARCHITECTURES)
+    assert len(systems[P.GENERIC_EACH].run(0).stages) == 1 + len(P.ARCHITECTURES)
+    assert [r.seed for r in systems[P.JOINT_SEQ].runs] == [r.seed for r in systems[P.DUAL].runs] == [0, 1, 2]
+
+
+def test_p5_compares_the_ensemble_with_the_best_single_model_by_dev_bleu():
+    ch = fake_chapter()
+    systems, _ = chapter_evidence(ch)
+    claims = {c.id: c for c in P.declared_claims("small")}
+    assert claims["P5-dev"].baseline == claims["P5-test"].baseline == P.BEST_BLEU
+    dev = P.dev_table(ch)
+    best_bleu = max(dev[key]["BLEU"] for key in dev if key[1] != P.GENERIC)
+    assert systems[P.BEST_BLEU].values(P.DEV, "BLEU") == [pytest.approx(best_bleu)]
+    assert judged(ch)["P5-dev"].verdict == V.INDICATIVE  # one ensemble, on the chapter's seed
+
+
+def test_floors_are_floors_scored_exactly_as_the_systems():
+    ch = fake_chapter()
+    systems, _ = chapter_evidence(ch)
     floors_ = P.floor_systems(ch)
     mt, refs = P.mt_outputs(ch, "test"), P.references(ch, "test")
-    assert floors_[P.DO_NOTHING].values("test", "TER") == [P.ape_scores(mt, refs)["TER"]]
-    assert floors_[P.DO_NOTHING].values("test", "BLEU") == [corpus_score("bleu", mt, refs).score]
-    assert floors_[P.INITIAL].values("test", "TER") is None  # decoded on dev only
-    assert floors_[P.CONSTANT].values("dev", "TER")[0] > floors_[P.DO_NOTHING].values("dev", "TER")[0]
+    for floor in floors_.values():
+        assert floor.floor and not floor.runs
+        assert all(set(m.scores) == {V.FLOOR} for by in floor.measures.values() for m in by.values())
+    for label in P.CLAIM_METRICS:
+        ours, theirs = systems[P.BEST].measure(P.TEST, label), floors_[P.DO_NOTHING].measure(P.TEST, label)
+        assert (ours.signature, ours.sentences) == (theirs.signature, theirs.sentences)
+    assert floors_[P.DO_NOTHING].values(P.TEST, "TER") == [P.ape_scores(mt, refs)["TER"]]
+    assert floors_[P.DO_NOTHING].values(P.TEST, "BLEU") == [corpus_score("bleu", mt, refs).score]
+    assert floors_[P.INITIAL].values(P.TEST, "TER") is None  # decoded on dev only
+    assert floors_[P.CONSTANT].values(P.DEV, "TER")[0] > floors_[P.DO_NOTHING].values(P.DEV, "TER")[0]
     half = P.held_out_half(ch)
     assert floors_[P.DO_NOTHING].values(P.DEV_HELD_OUT, "TER") == [
         P.ape_scores(P.mt_outputs(ch, "val")[half:], P.references(ch, "val")[half:])["TER"]]
+    pooled = floors_[P.DO_NOTHING].measure(P.DEV, P.ARCHITECTURES_TER)  # the MT once per model: its own TER
+    assert pooled.values() == [pytest.approx(floors_[P.DO_NOTHING].values(P.DEV, "TER")[0])]
+    assert pooled.signature == systems[P.TUNED].measure(P.DEV, P.ARCHITECTURES_TER).signature
 
 
+def test_a_pooled_measure_is_the_mean_ter_of_its_models_with_shared_resamplings():
+    refs = ["a b c d", "e f g h", "i j k l"]
+    outputs = [["a b c d", "e f x h", "i j"], ["a c d", "e f g h", "i j k l"]]
+    measure = P.mean_ter_measure(0, outputs, refs)
+    expected = sum(P.ape_scores(hyps, refs)["TER"] for hyps in outputs) / 2
+    assert measure.scores == {0: pytest.approx(expected)} and measure.sentences == 3
+    assert len(measure.replicates[0]) > 1 and measure.signature.startswith("mean of 2 models'")
+
+
+def test_gates_print_the_papers_figures_and_can_fail():
+    gates = {gate.name: gate for gate in chapter_evidence()[1]}
+    assert set(gates) == set(P.GATES) and all(gate.passed for gate in gates.values())
+    assert "−0.73 test TER" in gates[P.GATE_START].paper and "−0.19 to +0.02 dev TER" in gates[P.GATE_START].paper
+    assert "Table 2" in gates[P.GATE_GENERIC].paper
+    assert gates[P.GATE_START].value == pytest.approx(0.0)  # the start is the MT: it loses nothing
+    assert gates[P.GATE_START].target == 0.2 and not gates[P.GATE_START].higher_is_better
+    # today's evidence: a start 1.57 TER behind do-nothing, generic models worse than their start
+    behind = {gate.name: gate for gate in P.trained_gates(fake_chapter(start_quality=0.5))}
+    assert not behind[P.GATE_START].passed
+    worse = {gate.name: gate for gate in P.trained_gates(fake_chapter(generic_quality=0.6))}
+    assert not worse[P.GATE_GENERIC].passed and worse[P.GATE_GENERIC].value < 0
+    for verdict in judged(fake_chapter(generic_quality=0.6)).values():
+        assert verdict.id == "P8" or verdict.reason.startswith("gate failed"), verdict.id
+
+
+def test_a_system_worse_than_doing_nothing_is_not_reproduced_the_other_way():
+    verdicts_ = judged(fake_chapter(quality=0.6))  # fine-tuned models drop 60% of the words; the MT only 30%
+    assert verdicts_["P6a"].verdict == V.NOT_REPRODUCED and "the other way" in verdicts_["P6a"].reason
+    assert verdicts_["P6a-ens"].verdict == V.INDICATIVE and "leans against" in verdicts_["P6a-ens"].reason
+    assert verdicts_["P6b"].reason.startswith("below floor")  # do-nothing is a floor of the concatenation claim
+
+
+def write_chapter1(path, **identity):
+    import json
+
+    system = {"name": P.CHAPTER1_TRICE, "floor": False, "updates": 400, "runs": [],
+              "measures": {P.CHAPTER1_TEST: {"TER": {"scores": {"0": 21.8}}, "BLEU": {"scores": {"0": 66.7}}}}}
+    path.write_text(json.dumps({"chapter": "1. TRICE", "scale": "smoke", "commit": "abc", "claims": [],
+                                "systems": [system], **identity}))
+
+
+def test_chapter1s_figure_says_when_it_is_stale(tmp_path):
+    from msgcore import chapters
+
+    path = tmp_path / "ch01_trice.json"
+    write_chapter1(path)  # written before results carried their evidence: stale
+    trice = P.chapter1_trice(path)
+    assert trice["scores"] == {"TER": [21.8], "BLEU": [66.7]} and trice["stale"]
+    assert "STALE: written before results carried" in P.chapter1_label(trice)
+    write_chapter1(path, protocol=V.PROTOCOL_VERSION, **chapters.identity("ch01_trice", "smoke"))
+    current = P.chapter1_trice(path)
+    assert current["stale"] == [] and P.chapter1_label(current) == "TRICE (chapter 1 at smoke, same split)"
+    assert P.chapter1_trice(tmp_path / "missing.json") is None

@@ -222,11 +222,11 @@ def test_interrupted_run_resumes_to_the_same_result(toy, tmp_path, monkeypatch):
     calls = {"n": 0}
     real_step = Trainer.train_step
 
-    def dying_step(self, batches):
+    def dying_step(self, batches, *rest):
         calls["n"] += 1
         if calls["n"] == 6:
             raise KeyboardInterrupt  # a kill after the step-4 checkpoint
-        return real_step(self, batches)
+        return real_step(self, batches, *rest)
 
     monkeypatch.setattr(Trainer, "train_step", dying_step)
     with pytest.raises(KeyboardInterrupt):

@@ -28,9 +28,15 @@ def test_counts_and_claims_come_from_the_files(tmp_path: Path) -> None:
     assert len(scoreboard.claims(results)) == 4
 
 
+def run(seed: int, updates: int = 1200) -> V.RunRecord:
+    return V.RunRecord(seed, (V.Stage("training", ((600, 10.0 + seed), (updates, 12.0 + seed)), updates),))
+
+
 def test_systems_table_gives_one_seed_as_is_and_several_as_mean_and_spread(tmp_path: Path) -> None:
-    systems = {"A": V.System("A", {"test": {"BLEU": [30.0, 32.0, 34.0], "chrF": [50.0, 50.0, 50.0]}}, updates=1200),
-               "copy": V.System("copy", {"test": {"BLEU": [0.5]}})}
+    seeds = lambda values: V.Measure(dict(enumerate(values)))
+    systems = {"A": V.System("A", {"test": {"BLEU": seeds([30.0, 32.0, 34.0]), "chrF": seeds([50.0, 50.0, 50.0])}},
+                             (run(0), run(1), run(2))),
+               "copy": V.floor_system("copy", "test", "BLEU", 0.5)}
     V.write_results(tmp_path / "ch01.json", chapter="CH01", scale="small", commit="abc1234", verdicts=[],
                     systems=systems)
     table = scoreboard.systems(scoreboard.load_results(tmp_path)).set_index("system")
@@ -42,13 +48,13 @@ def test_systems_table_gives_one_seed_as_is_and_several_as_mean_and_spread(tmp_p
 def test_readme_block_is_rewritten_between_its_markers_and_checked(tmp_path: Path) -> None:
     write_chapter(tmp_path, "ch00", [V.INDICATIVE])
     readme = tmp_path / "README.md"
-    readme.write_text(f"# t\n\nbefore\n{scoreboard.START}\nstale\n{scoreboard.END}\nafter\n")
+    readme.write_text(f"# t\n\nbefore\n{scoreboard.START}\nold block\n{scoreboard.END}\nafter\n")
     args = ["--results", str(tmp_path), "--readme", str(readme)]
     assert scoreboard.main([*args, "--check"]) == 1
     assert scoreboard.main(args) == 0
     text = readme.read_text()
-    assert "stale" not in text and text.startswith("# t\n\nbefore\n") and text.endswith("after\n")
-    assert "| CH00 | small | abc1234 | 1 | 0 | 0 | 0 | 1 |" in text
+    assert "old block" not in text and text.startswith("# t\n\nbefore\n") and text.endswith("after\n")
+    assert "| CH00 | small | abc1234 | stale: ch00 is not one of the book's chapters | 1 | 0 | 0 | 0 | 0 | 1 |" in text
     assert scoreboard.main([*args, "--check"]) == 0
 
 
@@ -69,3 +75,37 @@ def test_bad_results_files_and_a_readme_without_markers_are_one_line_errors(tmp_
 
 def test_the_committed_readme_says_what_the_committed_results_say() -> None:
     assert scoreboard.main(["--check"]) == 0
+
+
+def test_a_stale_results_file_is_never_shown_as_current(tmp_path: Path) -> None:
+    """Every committed results file is current at HEAD or marked stale: the status comes from comparing what the
+    file recorded (protocol, numerics, recipe) with this checkout, never from the file's own word."""
+    from msgcore import chapters
+
+    for stem, data in scoreboard.load_results().items():
+        reasons = chapters.staleness(stem, data)
+        row = scoreboard.counts({stem: data}).iloc[0]
+        assert row["status"] == ("current" if not reasons else "stale: " + "; ".join(reasons))
+        if reasons:
+            assert all(v.endswith("(stale)") for v in scoreboard.claims({stem: data})["verdict"])
+    judged = [V.Verdict("c0", "A beats B", "+1.3", "", V.REPRODUCED, "")]
+    identity = chapters.identity("ch00_transformer_baseline", "small")
+    V.write_results(tmp_path / "ch00_transformer_baseline.json", "0", "small", "abc", judged, {}, identity)
+    current = scoreboard.load_results(tmp_path)
+    assert scoreboard.counts(current).loc[0, "status"] == "current"
+    older = {**current["ch00_transformer_baseline"], "numerics": {**identity["numerics"], "core": 0}}
+    assert scoreboard.status("ch00_transformer_baseline", older).startswith("stale: core numerics 0 →")
+    other_recipe = {**current["ch00_transformer_baseline"], "recipe": "0" * 16}
+    assert scoreboard.status("ch00_transformer_baseline", other_recipe) == "stale: its `small` recipe changed since"
+    legacy = {"chapter": "0", "scale": "small", "commit": "x", "claims": [], "systems": []}
+    assert "a re-run decides it again" in scoreboard.status("ch00_transformer_baseline", legacy)
+
+
+def test_statements_are_kept_apart_from_the_verdicts(tmp_path: Path) -> None:
+    said = V.Verdict("c0", "A beats B", "+1.3", "", V.NOT_DECIDED, "under-trained: ...",
+                     statement="within 4,000 updates: A ahead ...")
+    V.write_results(tmp_path / "ch01.json", "CH01", "small", "abc", [said], {})
+    results = scoreboard.load_results(tmp_path)
+    assert list(scoreboard.statements(results)["id"]) == ["c0"]
+    block = scoreboard.readme_block(results)
+    assert "statements, not verdicts" in block and block.index("statements") > block.index("Every claim")

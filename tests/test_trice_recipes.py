@@ -155,3 +155,30 @@ def test_every_sentence_is_noised_once_per_draw_and_dev_reconstructs_a_fixed_noi
     mask = data.tokenizer.mask_id
     assert sum(mask in ids for ids in val.sources[0]) > len(refs) // 2  # the dev inputs are noised
     assert denoising_data(tasks, DENOISER).encoded["val"].sources == val.sources  # the same draw every time
+
+
+def test_trices_record_holds_every_stage_from_the_whole_logs_and_a_reused_run_gives_the_same(tmp_path):
+    """The protocol's record of a TRICE run: the denoiser's pre-training, stage 1 and stage 2, each from its run's
+    whole log (dev curve, dev noise, tokens trained on); the run cache hands back the same log when it reuses a run
+    (its best checkpoint is reloaded, its history is not cut there)."""
+    import types
+    from dataclasses import replace
+
+    from msgcore.experiments.trice import trice_stages
+
+    data = toy_data(tmp_path)
+    pre = pretrain(toy_tasks(data), DENOISER, CPU, tmp_path / "pre")
+    steps = replace(STEPS, validate_every=2, max_epochs=50)
+    scale = replace(SCALE, stage1=steps, stage2=steps)
+    ch = types.SimpleNamespace(scale=scale, denoiser=types.SimpleNamespace(run=pre, scale=DENOISER))
+    stage1, stage2 = train_trice(pre.model, data, scale, CPU, tmp_path / "trice", stage1_cfg=scale.stage1,
+                                 stage2_cfg=scale.stage2)
+    stages = trice_stages(ch, stage1, stage2)
+    assert [s.name for s in stages] == ["denoising pre-training", "stage 1", "stage 2"]
+    for stage in stages[1:]:
+        assert [step for step, _ in stage.dev_curve] == [2, 4, 6] and stage.updates == 6
+        assert stage.target_tokens > 0 and stage.source_tokens > stage.target_tokens  # two sources in stage 2
+        assert stage.dev_noise is not None
+    again = train_trice(pre.model, data, scale, CPU, tmp_path / "again", stage1_cfg=scale.stage1,
+                        stage2_cfg=scale.stage2)
+    assert again[1].reused and trice_stages(ch, *again) == stages

@@ -130,8 +130,9 @@ class RelevanceCrossLayer(DecoderLayer):
     def __init__(self, cfg: MargeConfig):
         super().__init__(cfg.d_model, cfg.n_heads, cfg.decoder_d_ff or cfg.d_ff, cfg.dropout,
                          cfg.attention_dropout, cfg.activation_dropout, cfg.pre_norm)
-        # Deviation: one beta per cross-attention layer, shared by its heads, init 1.0 (lucidrains);
-        # the paper says "a trainable scalar parameter".
+        # Deviation: one beta per cross-attention layer, shared by its heads, starting at `cfg.beta_init` (the
+        # config's default 1.0 is lucidrains'; the book's scales start at 10); the paper says "a trainable scalar
+        # parameter".
         self.beta = nn.Parameter(torch.tensor(float(cfg.beta_init)))
 
     def cross_attend(self, x: Tensor, memory: list[EncoderOut], cross_kv: list[KV] | None,
