@@ -811,9 +811,11 @@ def interval_verdict(evidence: Evidence, m: float, effect: str) -> tuple[str, st
 
 
 def budget_statement(evidence: Evidence, equal_budget: bool) -> str:
-    """How fast each system learns within an equal budget, when neither has converged: the sign of the dev delta at
-    half the budget and at all of it (per seed, then its mean), each system's final dev slope, and the test interval.
-    Never a verdict: '' unless the budgets and schedules are equal and the seeds are enough."""
+    """How fast each system learns within an equal budget, when neither has converged: which is ahead on dev (in the
+    dev metric's own direction, which may differ from the claim's) at half the last stage's budget and at all of it
+    (per seed, then its mean), each system's final dev slope, and the test interval. Never a verdict: '' unless the
+    budgets and schedules are equal and the seeds are enough, and '' when both sides' dev curves are the same (two
+    readings of one set of runs: no learning speed to compare)."""
     claim, compared = evidence.claim, evidence.compared
     if claim.kind == "threshold" or any(s.floor for s in compared) or not equal_budget \
             or len(evidence.seeds) < claim.min_seeds:
@@ -821,8 +823,10 @@ def budget_statement(evidence: Evidence, equal_budget: bool) -> str:
     runs = [[s.run(k) for k in evidence.seeds] for s in compared]
     if any(ra.last.schedule != rb.last.schedule or not ra.last.schedule for ra, rb in zip(*runs)):
         return ""
+    if all(ra.last.dev_curve == rb.last.dev_curve for ra, rb in zip(*runs)):
+        return ""
     budget = min(r.last.updates for r in runs[0])
-    sign = 1 if claim.higher_is_better else -1
+    dev_sign = 1 if runs[0][0].last.higher_is_better else -1  # the dev metric's direction, not the claim's
     at = {}
     for point in (budget // 2, budget):
         deltas = [dev_at(ra.last, point) - dev_at(rb.last, point) for ra, rb in zip(*runs)]
@@ -831,10 +835,11 @@ def budget_statement(evidence: Evidence, equal_budget: bool) -> str:
         at[point] = statistics.fmean(deltas)
     mean, low, high = mean_interval(evidence.samples, float(np.std(evidence.replicate_means, ddof=1))
                                     if evidence.replicate_means is not None else 0.0)
-    ahead = lambda d: f"{claim.system if sign * d > 0 else claim.baseline} ahead ({d:+.2f} dev)"
+    ahead = lambda d: f"{claim.system if dev_sign * d > 0 else claim.baseline} ahead on dev ({d:+.2f})"
     slopes = ", ".join(f"{s.name} {statistics.fmean(dev_slope(r.last) for r in rs):+.2f}"
                        for s, rs in zip(compared, runs))
-    return (f"within {budget:,} updates: {ahead(at[budget // 2])} at {budget // 2:,}, {ahead(at[budget])} at "
+    return (f"within {budget:,} updates of the last stage: {ahead(at[budget // 2])} at {budget // 2:,}, "
+            f"{ahead(at[budget])} at "
             f"{budget:,}; final dev slopes per 1,000 updates: {slopes}; test delta {mean:+.2f}, 95% CI "
             f"[{low:+.2f}, {high:+.2f}]. Not a verdict: the runs have not converged.")
 

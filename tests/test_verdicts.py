@@ -343,11 +343,26 @@ def test_unconverged_runs_at_equal_budgets_say_who_learns_faster_and_nothing_mor
     b = seeded((stage(((1000, 20.0), (2000, 26.0), (3000, 30.0), (4000, 33.0)), schedule="lr 1e-3"),), range(3))
     v = judge(better(), system("A", A_GAIN, runs=a), system("B", B_BASE, runs=b))
     assert v.verdict == V.NOT_DECIDED and v.reason.startswith("under-trained")
-    assert v.statement.startswith("within 4,000 updates: A ahead (+2.00 dev) at 2,000, A ahead (+2.00 dev) at 4,000")
+    assert v.statement.startswith("within 4,000 updates of the last stage: A ahead on dev (+2.00) at 2,000, "
+                                  "A ahead on dev (+2.00) at 4,000")
     assert "not reproduced" not in v.statement and "Not a verdict" in v.statement
     other_schedule = [RunRecord(k, (stage(r.last.dev_curve, schedule="lr 5e-4"),)) for k, r in enumerate(b)]
     assert judge(better(), system("A", A_GAIN, runs=a), system("B", B_BASE, runs=other_schedule)).statement == ""
     assert list(V.statements([v])["id"]) == ["c"] and V.statements([]).empty
+
+
+def test_the_statement_reads_dev_in_the_dev_metrics_direction_and_skips_one_set_of_runs_read_twice():
+    """A lower-is-better claim (repeats %) whose runs validate on dev BLEU: ahead on dev means higher dev BLEU.
+    Two readings of the same runs (long vs short sentences) have no learning speed to compare."""
+    a = seeded((stage(((1000, 22.0), (2000, 28.0), (3000, 31.0), (4000, 35.0)), schedule="lr 1e-3"),), range(3))
+    b = seeded((stage(((1000, 20.0), (2000, 26.0), (3000, 30.0), (4000, 33.0)), schedule="lr 1e-3"),), range(3))
+    fewer = better(higher_is_better=False, metric="repeats %", paper_metric="repeats %", paper_delta=-1.3)
+    v = judge(fewer, system("A", [10.0, 10.2, 9.9], runs=a, metric="repeats %"),
+              system("B", [12.0, 12.1, 11.8], runs=b, metric="repeats %"))
+    assert "A ahead on dev (+2.00) at 2,000" in v.statement
+    same = judge(fewer, system("A", [10.0, 10.2, 9.9], runs=a, metric="repeats %"),
+                 system("B", [12.0, 12.1, 11.8], runs=a, metric="repeats %"))
+    assert same.statement == ""
 
 
 # ---- what a verdict needs, and what it says ---------------------------------------------------------------------
