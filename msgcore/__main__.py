@@ -240,6 +240,9 @@ def train(args) -> None:
     else:
         device = resolve_device(args.device)
     checkpoint = load_checkpoint(args.resume) if args.resume else None
+    if checkpoint is not None and checkpoint["optimizer"] is None:
+        raise MsgcoreError(f"{args.resume} holds a best model without its optimizer state; resume from the run's "
+                           f"last.pt")
     settle_options(args, checkpoint)
     check_run_folder(args)
     seed_everything(args.seed)

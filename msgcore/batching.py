@@ -7,7 +7,7 @@ predicts `y + eos`, where the prefix is bos or the target language tag (mBART st
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Sequence
 
 import torch
@@ -46,6 +46,19 @@ def encode_corpus(corpus: Corpus, tokenizer: Tokenizer, *, max_len: int | None =
     return EncodedCorpus(sources, pieces(corpus.target), prefix, tokenizer.eos_id)
 
 
+def map_tensors(batch, fn):
+    """A copy of a dataclass batch (of any batch class) with `fn` applied to each tensor field and to each tensor
+    in a list field; other fields are kept."""
+    changes = {}
+    for f in fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, Tensor):
+            changes[f.name] = fn(value)
+        elif isinstance(value, list) and value and all(isinstance(v, Tensor) for v in value):
+            changes[f.name] = [fn(v) for v in value]
+    return replace(batch, **changes)
+
+
 @dataclass(repr=False)
 class Batch:
     """A padded batch of multi-source examples."""
@@ -57,11 +70,13 @@ class Batch:
     indices: list[int]          # example indices in the EncodedCorpus
     pad_id: int = PAD_ID        # the id used for padding
 
-    def to(self, device: torch.device | str) -> Batch:
-        """The same batch with every tensor on `device`."""
-        return Batch([s.to(device) for s in self.sources], [m.to(device) for m in self.source_masks],
-                     self.target_in.to(device), self.target_out.to(device), self.target_mask.to(device),
-                     self.indices, self.pad_id)
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """The same batch with every tensor on `device` (`non_blocking` for a copy from pinned memory)."""
+        return map_tensors(self, lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> Batch:
+        """The same batch in page-locked host memory (a GPU copies it asynchronously)."""
+        return map_tensors(self, torch.Tensor.pin_memory)
 
     def __len__(self) -> int:
         return len(self.indices)

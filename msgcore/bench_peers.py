@@ -292,8 +292,8 @@ def msgcore_run(data, scale, job: dict, out_dir: Path, now: Callable[[], float] 
             self.clock.begin()
             return super().train()
 
-        def train_step(self, batches, source_tokens=0):
-            loss, tokens = super().train_step(batches, source_tokens)
+        def train_step(self, batches, source_tokens=0, target_tokens=None):
+            loss, tokens = super().train_step(batches, source_tokens, target_tokens)
             self.clock.after_update(tokens, sum(b.target_out.size(0) for b in batches))
             return loss, tokens
 

@@ -35,7 +35,7 @@ import yaml
 
 from msgcore.options import add_cap_options, apply_cap_options
 from msgcore.utils import MsgcoreError, atomic_write, check_device, check_seed, check_writable_dir, \
-    os_error_line
+    os_error_line, resolve_device
 
 SCALES = ("smoke", "small", "full")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -340,24 +340,28 @@ def execute_chapter(src: Path, dst: Path, scale: str, device: str = "auto", seed
         return ChapterResult(src.stem, scale, "FAILED", minutes, error, reused)
     hide_parameter_cells(dst)
     result = ChapterResult(src.stem, scale, "ok", minutes, reused=reused)
-    record_cost(dst, result)
+    record_cost(dst, result, device)
     return result
 
 
 BOOK_BUDGET_HOURS = {"small": 12.0}  # the whole book's cold budget at a scale, on 2 CPU cores (README)
 
 
-def record_cost(path: Path, result: ChapterResult) -> dict:
-    """Store in the executed notebook's metadata (`msgcore.cost`) what this execution cost: its minutes, each run-cache
-    entry it reused with the commit and minutes of the run that made it, and the cold cost (this execution plus the
-    reused entries' minutes; `cold is a lower bound` when an entry has no minutes on record)."""
+def record_cost(path: Path, result: ChapterResult, device: str = "auto") -> dict:
+    """Store in the executed notebook's metadata (`msgcore.cost`) what this execution cost: its minutes, the device
+    it ran on, each run-cache entry it reused with the commit and minutes of the run that made it, and the cold cost
+    (this execution plus the reused entries' minutes; `cold is a lower bound` when an entry has no minutes on
+    record)."""
     import nbformat
 
     from msgcore import runcache
+    from msgcore.utils import device_name
 
     rows = runcache.provenance_rows(result.reused)
     known = [row["minutes"] for row in rows if row["minutes"] is not None]
-    cost = {"scale": result.scale, "minutes": round(result.minutes, 1), "reused": rows,
+    resolved = resolve_device(device)
+    cost = {"scale": result.scale, "minutes": round(result.minutes, 1), "device type": resolved.type,
+            "device": device_name(resolved), "reused": rows,
             "cold minutes": round(result.minutes + sum(known), 1), "cold is a lower bound": len(known) < len(rows)}
     nb = nbformat.read(path, as_version=4)
     nb.metadata.setdefault("msgcore", {})["cost"] = cost
@@ -548,14 +552,30 @@ def check_offline_math(html: Path) -> None:
 
 # ----------------------------------------------------------------------------- entry points
 
+def check_gpu_results(chapters: dict[str, Path], device: str, replace: bool) -> None:
+    """Refuse, before any work, an --in-place execution on a CPU of a chapter whose committed notebook was executed
+    on a GPU (its metadata says so): a GPU's evidence is never silently replaced by a CPU's."""
+    import nbformat
+
+    if replace or resolve_device(device).type != "cpu":
+        return
+    for name, path in chapters.items():
+        cost = nbformat.read(path, as_version=4).metadata.get("msgcore", {}).get("cost", {})
+        if cost.get("device type") == "cuda":
+            raise BookError(f"{name} was executed on a GPU ({cost.get('device')}); a CPU execution would replace it: "
+                            f"pass --replace-gpu-results to do so")
+
+
 def run_book(root: Path = REPO_ROOT, chapters: Sequence[str] | None = None, scale: str | None = None, *,
              out: Path | None = None, in_place: bool = False, device: str = "auto", seed: int = 0,
-             timeout: float | None = None, build: bool = False) -> RunReport:
+             timeout: float | None = None, build: bool = False, replace_gpu_results: bool = False) -> RunReport:
     """Execute the chosen chapters of the book at `root` into a run directory; see the module docstring."""
     root = Path(root).resolve()
     scale = scale or default_scale()
     check_options(scale, in_place)
     selected = select_chapters(find_chapters(root), chapters)
+    if in_place:
+        check_gpu_results(selected, device, replace_gpu_results)
     absolute_data_mirror()
     run_dir = make_run_dir(root, scale, out)
     print(f"run directory: {run_dir}", flush=True)
@@ -638,6 +658,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     run.add_argument("--seed", type=int, default=0, help="passed to the notebooks (default: 0)")
     run.add_argument("--timeout", type=float, metavar="SECONDS", help="per-cell time limit (default: none)")
     run.add_argument("--root", type=Path, default=None, metavar="DIR", help="book root (default: . if it has _toc.yml)")
+    run.add_argument("--replace-gpu-results", action="store_true",
+                     help="with --in-place on a CPU, replace chapters that were executed on a GPU")
     add_cap_options(run)
     job = commands.add_parser("main", help="README's main command: with a GPU every chapter at full and the book; "
                                            "without one the book of the committed outputs and chapter 0 at small")
@@ -662,7 +684,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         apply_cap_options(args)  # the notebooks' kernels inherit the caps (msgcore.dryrun)
         report = run_book(args.root or default_root(), args.chapter, args.scale, out=args.out,
                           in_place=args.in_place, device=args.device, seed=args.seed,
-                          timeout=args.timeout, build=args.build)
+                          timeout=args.timeout, build=args.build, replace_gpu_results=args.replace_gpu_results)
     except BuildError as e:
         print(f"msgcore.book: error: {e}", file=sys.stderr)
         return 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+from concurrent.futures import ThreadPoolExecutor
 import hashlib
 import json
 import math
@@ -296,23 +297,24 @@ class Trainer:
                 return self.ddp(batch, self.cfg.label_smoothing)
             return self.model.loss(batch, self.cfg.label_smoothing)
 
-    def train_step(self, batches: list, source_tokens: int = 0) -> tuple[float, int]:
+    def train_step(self, batches: list, source_tokens: int = 0,
+                   target_tokens: int | None = None) -> tuple[torch.Tensor, int]:
         """One update over this process's batches; the loss is averaged over the target tokens of every
-        process's batches. Returns that loss and the token count; the run's budget counts them and
-        `source_tokens` (this process's)."""
+        process's batches. Returns this process's share of that loss, still on the device (`log_train` reads it,
+        and checks it is finite, at its log steps: no host sync per update), and the token count; the run's budget
+        counts them and `source_tokens`. `target_tokens` is this process's count, read off the batches on the host
+        (counted on the device batches when not given)."""
         self.model.train()
-        n_tokens = distributed.all_reduce_sum(sum(b.num_target_tokens for b in batches), self.device)
-        total = 0.0
+        local = sum(b.num_target_tokens for b in batches) if target_tokens is None else target_tokens
+        n_tokens = distributed.all_reduce_sum(local, self.device)
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1  # DDP all-reduces the gradients on the last backward only
             with self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext():
                 loss = self.loss_sum(batch) / n_tokens
-                if not torch.isfinite(loss):
-                    raise TrainingError(f"loss is {loss.item()} at step {self.state.step + 1} "
-                                        f"(epoch {self.state.epoch + 1}); lower the learning rate or check the data")
                 scaled = self.scaler.scale(loss) if self.scaler else loss
                 (scaled * self.world if self.world > 1 else scaled).backward()  # DDP averages over processes
-            total += loss.item()
+            total += loss.detach()
         if self.scaler:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients
         if self.cfg.clip_norm > 0:
@@ -329,7 +331,7 @@ class Trainer:
         self.state.step += 1
         self.state.target_tokens += int(n_tokens)
         self.state.source_tokens += int(distributed.all_reduce_sum(source_tokens, self.device))
-        return distributed.all_reduce_sum(total, self.device), int(n_tokens)
+        return total, int(n_tokens)
 
     # ---- the loop ----------------------------------------------------------------------
     def epoch_batches(self, epoch: int) -> list[list[int]]:
@@ -358,20 +360,45 @@ class Trainer:
             return []
         return [row["step"] for row in self.state.history if row["kind"] == "valid"] or [-1]
 
+    def update_chunks(self, batches: list[list[int]]):
+        """(number of batches, this process's collated batches on the host) for each update left in the epoch.
+        On a GPU the next update's batches are collated in a background thread while the current one trains."""
+        state, cfg = self.state, self.cfg
+        starts = range(state.batch_in_epoch, len(batches) - self.world + 1, cfg.update_freq * self.world)
+
+        def collated(start: int) -> tuple[int, list]:
+            chunk = batches[start: start + cfg.update_freq * self.world]
+            batches_here = [self.collate(self.train_data, idx) for idx in chunk[self.rank::self.world]]
+            if self.device.type == "cuda":  # pinned host memory: the copy to the GPU runs without blocking
+                batches_here = [batch.pin_memory() for batch in batches_here]
+            return len(chunk), batches_here
+        if self.device.type != "cuda":
+            yield from map(collated, starts)
+            return
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = None
+            for start in starts:
+                current, pending = (pending or pool.submit(collated, start)), None
+                following = start + cfg.update_freq * self.world
+                if following < len(batches) - self.world + 1:
+                    pending = pool.submit(collated, following)
+                yield current.result()
+
     def run_epoch(self) -> None:
         state, cfg = self.state, self.cfg
         batches = self.epoch_batches(state.epoch)  # the whole epoch, the same in every process
         bar = tqdm(total=len(batches), initial=state.batch_in_epoch, desc=f"epoch {state.epoch + 1}",
                    disable=not cfg.progress or self.rank > 0, leave=False, mininterval=10)
-        window = {"loss": 0.0, "tokens": 0, "start": time.perf_counter()}
-        while state.batch_in_epoch + self.world <= len(batches) and not self.done():  # a short tail is dropped
-            chunk = batches[state.batch_in_epoch: state.batch_in_epoch + cfg.update_freq * self.world]
-            group = chunk[self.rank::self.world]  # this process's share of the update
-            on_host = [self.collate(self.train_data, idx) for idx in group]
+        window = {"loss": 0.0, "tokens": 0, "start": time.perf_counter(), "from": state.step + 1}
+        for size, on_host in self.update_chunks(batches):
+            if self.done():
+                break
             source_tokens = sum(self.source_tokens(batch) for batch in on_host)
-            loss, tokens = self.train_step([batch.to(self.device) for batch in on_host], source_tokens)
-            state.batch_in_epoch += len(chunk)
-            bar.update(len(chunk))
+            target_tokens = sum(batch.num_target_tokens for batch in on_host)
+            loss, tokens = self.train_step([batch.to(self.device, non_blocking=True) for batch in on_host],
+                                           source_tokens, target_tokens)
+            state.batch_in_epoch += size
+            bar.update(size)
             self.log_train(window, loss, tokens)
             if cfg.validate_every and state.step % cfg.validate_every == 0:
                 self.validate()
@@ -379,21 +406,32 @@ class Trainer:
                 self.save_checkpoint(self.out_dir / "last.pt")
                 self.save_log()
         bar.close()
+        self.check_finite(window)  # the steps since the last log row
         if state.batch_in_epoch + self.world > len(batches):
             state.epoch, state.batch_in_epoch = state.epoch + 1, 0
             if not cfg.validate_every:
                 self.validate()
 
-    def log_train(self, window: dict, loss: float, tokens: int) -> None:
-        window["loss"] += loss * tokens
+    def check_finite(self, window: dict) -> float:
+        """The window's mean loss over every process (a host sync, once per log row), refused when not finite."""
+        if not window["tokens"]:
+            return 0.0
+        loss = distributed.all_reduce_sum(float(window["loss"]), self.device) / window["tokens"]
+        if not math.isfinite(loss):
+            raise TrainingError(f"loss is {loss} in steps {window['from']}–{self.state.step} (epoch "
+                                f"{self.state.epoch + 1}); lower the learning rate or check the data")
+        return loss
+
+    def log_train(self, window: dict, loss: torch.Tensor, tokens: int) -> None:
+        window["loss"] = window["loss"] + loss * tokens  # on the device: read at log steps only
         window["tokens"] += tokens
         if self.state.step % self.cfg.log_every:
             return
         elapsed = time.perf_counter() - window["start"]
         self.state.history.append({"kind": "train", "step": self.state.step, "epoch": self.state.epoch + 1,
-                                   "loss": window["loss"] / window["tokens"], "lr": self.scheduler.get_last_lr()[0],
+                                   "loss": self.check_finite(window), "lr": self.scheduler.get_last_lr()[0],
                                    "tokens_per_s": window["tokens"] / elapsed, **self.budget()})
-        window.update(loss=0.0, tokens=0, start=time.perf_counter())
+        window.update(loss=0.0, tokens=0, start=time.perf_counter(), **{"from": self.state.step + 1})
 
     # ---- validation ----------------------------------------------------------------------
     @torch.no_grad()
@@ -441,7 +479,7 @@ class Trainer:
                                                                              state.bad_validations + 1)
         if improved:  # best.pt first: a kill between the two saves never leaves last.pt ahead of best.pt
             state.best_step, self.best_statistics = state.step, statistics
-            self.save_checkpoint(self.out_dir / "best.pt")
+            self.save_checkpoint(self.out_dir / "best.pt", optimizer=False)
         self.save_checkpoint(self.out_dir / "last.pt")
         self.save_log()
 
@@ -452,14 +490,15 @@ class Trainer:
             json.dump(self.state.history, f, indent=1)
 
     # ---- checkpoints ---------------------------------------------------------------------
-    def save_checkpoint(self, path: str | Path) -> None:
-        """Write everything `resume` needs, atomically (process 0 only)."""
+    def save_checkpoint(self, path: str | Path, optimizer: bool = True) -> None:
+        """Write everything `resume` needs, atomically (process 0 only). Without `optimizer` (best.pt: read for its
+        weights, never trained on) the Adam state, two thirds of the file, is left out."""
         if self.rank > 0:
             return
         checkpoint = {
             "model": (weights := self.model.state_dict()), "weights_sha256": weights_sha256(weights),
-            "model_class": type(self.model).__name__,
-            "model_config": self.model.cfg.to_dict(), "optimizer": self.optimizer.state_dict(),
+            "model_class": type(self.model).__name__, "model_config": self.model.cfg.to_dict(),
+            "optimizer": self.optimizer.state_dict() if optimizer else None,
             "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "state": asdict(self.state),
             "train_config": asdict(self.cfg),
             "tokenizer": self.tokenizer.to_bytes() if self.tokenizer is not None else None,
@@ -468,7 +507,8 @@ class Trainer:
         write_checkpoint(checkpoint, Path(path))
 
     def resume(self, path: str | Path) -> None:
-        """Restore model, optimizer, scheduler, RNG and data position from `path`.
+        """Restore model, optimizer, scheduler, RNG and data position from `path` (a best.pt holds no optimizer
+        state: the optimizer is then left as it is, for a model that is read, not trained on).
 
         Resuming from last.pt also removes the temporary files a killed save left, and checks the run's
         best.pt: one that is damaged or missing is replaced by validating last.pt's model now (said in a
@@ -481,7 +521,8 @@ class Trainer:
         except RuntimeError as error:
             raise CheckpointError(f"{path} does not fit this model: {str(error).splitlines()[0]}") from None
         try:
-            self.optimizer.load_state_dict(checkpoint["optimizer"])
+            if checkpoint["optimizer"] is not None:
+                self.optimizer.load_state_dict(checkpoint["optimizer"])
             self.scheduler.load_state_dict(checkpoint["scheduler"])
             if self.scaler and checkpoint.get("scaler"):
                 self.scaler.load_state_dict(checkpoint["scaler"])
@@ -523,10 +564,16 @@ def check_state_types(state: TrainState) -> None:
         raise TypeError("wrong types or negative counters in the trainer state")
 
 
+# Tokens per decoding batch (source tokens × beam), by device type: a GPU decodes larger batches in the same time.
+DECODE_TOKENS = {"cpu": 6000, "cuda": 24000}
+
+
 @torch.no_grad()
 def translate_encoded(model, tokenizer, data: EncodedCorpus, device: torch.device, cfg: GenerationConfig,
-                      limit: int = 0, max_tokens: int = 6000, amp_dtype=None) -> list[str]:
-    """Decode the sources of `data` (in corpus order) to detokenized strings."""
+                      limit: int = 0, max_tokens: int | None = None, amp_dtype=None) -> list[str]:
+    """Decode the sources of `data` (in corpus order) to detokenized strings, in batches of `max_tokens` (by
+    default the device type's DECODE_TOKENS)."""
+    max_tokens = max_tokens or DECODE_TOKENS.get(device.type, DECODE_TOKENS["cpu"])
     n = min(limit or len(data), len(data))
     subset_lengths = example_lengths(data)[:n]
     hypotheses: list[str] = [""] * n

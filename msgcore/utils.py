@@ -281,7 +281,10 @@ def check_writable_file(path: str | os.PathLike, what: str) -> None:
 
 
 def git_commit(default: str = "unknown") -> str:
-    """The git commit of the msgcore checkout (with '+dirty' when it has uncommitted changes)."""
+    """The git commit of the msgcore checkout (with '+dirty' when it has uncommitted changes); `$MSGCORE_COMMIT`
+    when it is set (a copy of the checkout travels to a GPU box without its .git: msgcore.offline sets it there)."""
+    if os.environ.get("MSGCORE_COMMIT"):
+        return os.environ["MSGCORE_COMMIT"]
     root = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,

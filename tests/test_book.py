@@ -403,3 +403,20 @@ def test_a_chapter_whose_results_are_stale_opens_with_a_warning_and_a_current_on
     assert book.mark_stale_chapters(tmp_path) == ["ch05_coverage_nat"]  # marking twice leaves one warning
     again = nbformat.read(tmp_path / "book" / "ch05_coverage_nat.ipynb", as_version=4)
     assert sum(book.STALE_TAG in c.metadata.get("tags", []) for c in again.cells) == 1
+
+
+def test_a_chapter_executed_on_a_gpu_is_never_silently_replaced_by_a_cpu_execution(tiny_book: Path) -> None:
+    committed = tiny_book / "book" / "ch_b.ipynb"
+    nb = nbformat.read(committed, as_version=4)
+    nb.metadata["msgcore"] = {"cost": {"device type": "cuda", "device": "NVIDIA H100 80GB HBM3"}}
+    nbformat.write(nb, committed)
+    before = committed.read_bytes()
+    with pytest.raises(book.BookError, match="ch_b was executed on a GPU \\(NVIDIA H100 80GB HBM3\\); a CPU "
+                                             "execution would replace it: pass --replace-gpu-results"):
+        book.run_book(tiny_book, ["ch_b"], "small", out=tiny_book / "runs" / "t", in_place=True, device="cpu")
+    assert committed.read_bytes() == before and not (tiny_book / "runs" / "t").exists()  # refused before any work
+    assert book.run_book(tiny_book, ["ch_b"], "small", out=tiny_book / "runs" / "u", device="cpu").ok  # not in place
+    report = book.run_book(tiny_book, ["ch_b"], "small", out=tiny_book / "runs" / "v", in_place=True, device="cpu",
+                           replace_gpu_results=True)
+    cost = nbformat.read(committed, as_version=4).metadata["msgcore"]["cost"]
+    assert report.ok and cost["device type"] == "cpu"  # the execution records where it ran

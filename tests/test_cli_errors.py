@@ -90,6 +90,12 @@ def test_resume_uses_the_checkpoint_tokenizer(run, files, tmp_path, monkeypatch)
     assert load_checkpoint(out / "last.pt")["tokenizer"] == load_checkpoint(run / "last.pt")["tokenizer"]
 
 
+def test_resume_from_a_best_pt_is_refused_it_has_no_optimizer_state(run, files, tmp_path, capsys):
+    out = copy_run(run, tmp_path / "r")
+    assert main(train_args(files, out, "--max-steps", "22", "--resume", str(out / "best.pt"))) == 2
+    one_line_error(capsys, "best.pt", "optimizer state", "last.pt")
+
+
 @pytest.mark.parametrize("change, words", [
     (["--spm-type", "bpe"], ["spm_type"]),
     (["--lr", "1e-3"], ["lr=0.003", "lr=0.001"]),
@@ -122,9 +128,9 @@ def test_best_pt_is_written_before_last_pt(files, tmp_path, monkeypatch):
     order = []
     save = Trainer.save_checkpoint
 
-    def recording(self, path):
+    def recording(self, path, **kw):
         order.append((Path(path).name, self.state.step))
-        save(self, path)
+        save(self, path, **kw)
     monkeypatch.setattr(Trainer, "save_checkpoint", recording)
     assert main(train_args(files, tmp_path / "o", "--max-steps", "4", "--validate-every", "2")) == 0
     first_validation = [name for name, step in order if step == 2]
@@ -413,9 +419,9 @@ def test_save_every_checkpoints_between_validations(files, tmp_path, monkeypatch
     saved = []
     save = Trainer.save_checkpoint
 
-    def recording(self, path):
+    def recording(self, path, **kw):
         saved.append((Path(path).name, self.state.step))
-        save(self, path)
+        save(self, path, **kw)
     monkeypatch.setattr(Trainer, "save_checkpoint", recording)
     assert main(train_args(files, tmp_path / "o", "--max-steps", "7", "--max-tokens", "256",
                                  "--save-every", "3")) == 0

@@ -49,3 +49,22 @@ def test_unknown_chapter_is_refused_before_any_work(toy, tmp_path, capsys):
 def test_missing_archive_is_refused(tmp_path, capsys):
     assert script.main(["--unpack", str(tmp_path / "none.tar")]) == 2
     assert "no such archive" in capsys.readouterr().err
+
+
+def test_part_splits_a_chapters_seeds_over_processes(tmp_path, monkeypatch, capsys):
+    """--part i/N: process i trains every N-th seed, and process 0 alone the first seed's own runs (ablations)."""
+    from msgcore.experiments import coverage_nat as nat
+
+    trained, ablated = [], []
+    monkeypatch.setattr(nat, "chapter0_data", lambda scale, seed: {pair: None for pair in nat.NAT_SCALES[scale].directions})
+    monkeypatch.setattr(nat, "train_direction", lambda data, *a, **k: type("D", (), {"name": "De→En", "key": "de-en"})())
+    monkeypatch.setattr(nat, "train_main_systems", lambda d, scale, device, out, seeds: trained.append(tuple(seeds)) or {})
+    monkeypatch.setattr(nat, "train_ablations", lambda *a, **k: ablated.append(a[-1]) or {})
+    for i in range(3):
+        assert script.main(["ch05", "--scale", "small", "--device", "cpu", "--seed", "10", "--part", f"{i}/3",
+                            "--out", str(tmp_path)]) == 0
+    assert trained == [(10,), (11,), (12,)] and ablated == [10]
+    assert script.main(["ch05", "--scale", "small", "--device", "cpu", "--part", "3/3"]) == 2
+    assert "i must be in 0..N-1" in capsys.readouterr().err
+    assert script.main(["ch01", "--scale", "smoke", "--device", "cpu", "--part", "1/2", "--out", str(tmp_path)]) == 2
+    assert "trains in one process: --part is not supported" in capsys.readouterr().err

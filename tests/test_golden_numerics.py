@@ -10,7 +10,7 @@ new losses here.
 import pytest
 import torch
 
-from msgcore import numerics
+from msgcore import numerics, runcache
 from msgcore.batching import encode_corpus
 from msgcore.data import synthetic_corpus
 from msgcore.experiments.marge import BOS, EOS, toy_documents
@@ -71,11 +71,12 @@ def tokenized(corpus, tmp_path):
     return tokenizer, encode_corpus(corpus, tokenizer)
 
 
-def trainer_losses(model, tokenizer, data, setting: str, tmp_path, trainer_class=Trainer) -> list[float]:
+def trainer_losses(model, tokenizer, data, setting: str, tmp_path, trainer_class=Trainer,
+                   device: torch.device = CPU) -> list[float]:
     """The training loss after each of 6 updates of a Trainer on `data` (no validation)."""
     cfg = TrainConfig(lr=2e-3, warmup_steps=3, max_tokens=1024, max_steps=6, max_epochs=10, log_every=1,
                       progress=False, seed=0, **SETTINGS[setting])
-    trainer = trainer_class(model, tokenizer, data, None, None, cfg, CPU, tmp_path / "run")
+    trainer = trainer_class(model, tokenizer, data, None, None, cfg, device, tmp_path / "run")
     return [round(row["loss"], 6) for row in trainer.train() if row["kind"] == "train"]
 
 
@@ -97,12 +98,12 @@ def adamw_losses(model, batches, setting: str) -> list[float]:
     return losses
 
 
-def core_losses(setting: str, tmp_path) -> list[float]:
+def core_losses(setting: str, tmp_path, device: torch.device = CPU) -> list[float]:
     """The shared Transformer on one source."""
     tokenizer, data = tokenized(synthetic_corpus(400, num_sources=1, seed=0), tmp_path)
     torch.manual_seed(0)
     model = Transformer(preset("tiny", vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, dropout=0.1))
-    return trainer_losses(model, tokenizer, data, setting, tmp_path)
+    return trainer_losses(model, tokenizer, data, setting, tmp_path, device=device)
 
 
 def trice_losses(setting: str, tmp_path) -> list[float]:
@@ -184,3 +185,19 @@ def test_a_tiny_runs_losses_are_pinned_to_its_familys_numerics_version(family, s
     assert losses == pytest.approx(pinned, rel=TOLERANCE[setting]), (
         f"{family} training numerics changed: if this is meant, bump {where_to_bump(family)} and pin the new "
         f"losses {losses}")
+
+
+# RESULTS_VERSION -> the core tiny run's losses in bf16 on a CUDA GPU (pinned from the first GPU that ran this test;
+# its kernels sum in other orders than the CPU's, so the GPU has pins of its own)
+CUDA_GOLDEN: dict[int, list[float]] = {}
+CUDA_TOLERANCE = 5e-3  # relative
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the GPU's own pins are checked on one")
+def test_the_core_tiny_runs_losses_on_a_gpu_are_pinned_too(tmp_path):
+    losses = core_losses("bf16+math", tmp_path, torch.device("cuda"))
+    assert runcache.RESULTS_VERSION in CUDA_GOLDEN, (
+        f"no CUDA losses pinned for RESULTS_VERSION {runcache.RESULTS_VERSION} ({torch.cuda.get_device_name()}): "
+        f"pin CUDA_GOLDEN[{runcache.RESULTS_VERSION}] = {losses}")
+    assert losses == pytest.approx(CUDA_GOLDEN[runcache.RESULTS_VERSION], rel=CUDA_TOLERANCE), (
+        f"training numerics on the GPU changed: if this is meant, bump runcache.RESULTS_VERSION and pin {losses}")

@@ -359,6 +359,9 @@ def test_two_tokenizers_segment_one_corpus_two_ways(toy):
     batch = collate_mixrep(data, range(5))
     assert batch.bpe_target_in.shape == (5, max(len(y) for y in data.bpe_target[:5]) + 1)
     assert batch.to("cpu").bpe_target_out.equal(batch.bpe_target_out) and isinstance(batch.to("cpu"), MixRepBatch)
+    moved = batch.to("cpu", non_blocking=True)  # the trainer's copy (from pinned memory on a GPU)
+    assert isinstance(moved, MixRepBatch) and moved.bpe_target_mask.equal(batch.bpe_target_mask)
+    assert moved.indices == batch.indices and moved.num_target_tokens == batch.num_target_tokens
     assert all(n >= max(len(y) + 1, len(x)) for n, y, x in zip(mixrep_lengths(data), data.bpe_target, data.sources[0]))
 
 

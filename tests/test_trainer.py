@@ -71,7 +71,7 @@ def test_nan_loss_stops_with_the_step(toy, tmp_path):
     with torch.no_grad():
         model.token_embedding.weight[5] = float("nan")
     trainer = Trainer(model, tokenizer, encoded, None, None, replace(CFG, max_steps=3), CPU, tmp_path)
-    with pytest.raises(TrainingError, match=r"loss is nan at step 1 \(epoch 1\)"):
+    with pytest.raises(TrainingError, match=r"loss is nan in steps 1–\d \(epoch 1\)"):  # read at log steps
         trainer.train()
 
 
@@ -131,15 +131,32 @@ def test_a_kill_between_the_two_saves_leaves_best_pt_current(toy, tmp_path, monk
                       replace(CFG, max_steps=2, validate_every=2), CPU, tmp_path)
     save = Trainer.save_checkpoint
 
-    def killed_before_last(self, path):
+    def killed_before_last(self, path, **kw):
         if Path(path).name == "last.pt":
             raise KeyboardInterrupt
-        save(self, path)
+        save(self, path, **kw)
     monkeypatch.setattr(Trainer, "save_checkpoint", killed_before_last)
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
     best = load_checkpoint(tmp_path / "best.pt")["state"]
     assert best["step"] == best["best_step"] == 2 and not (tmp_path / "last.pt").exists()
+
+
+def test_best_pt_holds_the_weights_without_the_optimizer_state(toy, tmp_path):
+    """best.pt is read for its weights, never trained on: it leaves Adam's moments out (two thirds of a checkpoint),
+    and loading it restores the best model and its record."""
+    corpus, tokenizer, encoded = toy
+    trainer = Trainer(tiny_model(tokenizer), tokenizer, encoded, encoded, corpus.target,
+                      replace(CFG, max_steps=4, validate_every=4), CPU, tmp_path)
+    trainer.train()
+    best, last = load_checkpoint(tmp_path / "best.pt"), load_checkpoint(tmp_path / "last.pt")
+    assert best["optimizer"] is None and last["optimizer"]["state"]
+    assert (tmp_path / "best.pt").stat().st_size < 0.6 * (tmp_path / "last.pt").stat().st_size
+    reader = Trainer(tiny_model(tokenizer), tokenizer, encoded, encoded, corpus.target, CFG, CPU, tmp_path / "r")
+    reader.resume(tmp_path / "best.pt")
+    assert reader.state.best_step == 4
+    for p, q in zip(trainer.model.parameters(), reader.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
 
 
 def test_max_steps_between_validations_validates_the_last_step(toy, tmp_path):

@@ -3,13 +3,18 @@
     python -m msgcore.experiments ch00 ch05 --scale full --pack runs/cache-full.tar
     python -m msgcore.experiments --unpack runs/cache-full.tar        # then execute the notebooks against it
     python -m msgcore.experiments ch05 --scale full --device cpu --dry-run   # every loop capped (msgcore.dryrun)
+    python -m msgcore.experiments ch05 --scale small --part 1/3   # the second of 3 processes: its share of the seeds
 
-A chapter's notebook asks the cache for the same runs, so it then executes in minutes (on a CPU too).
+A chapter's notebook asks the cache for the same runs, so it then executes in minutes (on a CPU too). With
+`--part i/N`, N processes started together train a chapter's seeds side by side (process i takes every N-th seed, and
+process 0 the runs of one seed only, such as ablations); a run every seed needs (a teacher, a distillation) is
+trained by the first to ask and awaited by the others (msgcore.runcache's lock).
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import shutil
 import sys
 import tarfile
@@ -41,6 +46,26 @@ def chapter_function(name: str):
     if fn is None:
         raise MsgcoreError(f"chapter {name} has no script entry point yet ({module}.{function})")
     return fn
+
+
+def part_option(text: str) -> tuple[int, int]:
+    """"i/N" with 0 <= i < N, for --part."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not i/N (e.g. 0/3)") from None
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"{text!r}: i must be in 0..N-1")
+    return i, n
+
+
+def call_chapter(name: str, fn, scale: str, device, out: Path, seed: int, part: tuple[int, int]):
+    """Train a chapter's runs (its share of them, with --part)."""
+    if part != (0, 1):
+        if "part" not in inspect.signature(fn).parameters:
+            raise MsgcoreError(f"chapter {name} trains in one process: --part is not supported for it yet")
+        return fn(scale, device, out, seed=seed, part=part)
+    return fn(scale, device, out, seed=seed)
 
 
 def pack(archive: Path) -> None:
@@ -124,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/script"), help="folder for the runs' pointers")
     parser.add_argument("--pack", type=Path, help="afterwards, pack the finished cache entries into this tar file")
     parser.add_argument("--unpack", type=Path, help="unpack a packed cache into the run cache, then exit")
+    parser.add_argument("--part", type=part_option, default=(0, 1), metavar="i/N",
+                        help="train the i-th of N shares of the chapters' seeds (N processes side by side)")
     add_cap_options(parser)
     try:
         args = parser.parse_args(argv)
@@ -145,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, fn in functions:
             start = time.perf_counter()
             seed_everything(args.seed)
-            fn(args.scale, device, args.out / f"{name}-{args.scale}", seed=args.seed)
+            call_chapter(name, fn, args.scale, device, args.out / f"{name}-{args.scale}", args.seed, args.part)
             print(f"{name}: {(time.perf_counter() - start) / 60:.1f} min ({len(runcache.REUSED)} runs reused so far)")
         if args.pack:
             pack(args.pack)

@@ -456,13 +456,16 @@ class ChapterRuns:
         return next(iter(self.directions.values()))
 
 
-def run_chapter(scale_name: str, device: torch.device, out_dir: str | Path, seed: int = 0) -> ChapterRuns:
+def run_chapter(scale_name: str, device: torch.device, out_dir: str | Path, seed: int = 0,
+                part: tuple[int, int] = (0, 1)) -> ChapterRuns:
     """Train every run chapter 5 needs (through the run cache): the teachers (chapter 0's runs), the
-    distillations, the main systems for every seed and direction, and Table III's ablations."""
+    distillations, the main systems for every seed and direction, and Table III's ablations. With `part` = (i, N),
+    only the i-th of N shares of the seeds (every N-th), and the first-seed runs in share 0 (N processes side by
+    side; the notebook then finds every run in the cache)."""
     if scale_name not in NAT_SCALES:
         raise MsgcoreError(f"unknown scale {scale_name!r}; choose one of {', '.join(NAT_SCALES)}")
     scale, out_dir = NAT_SCALES[scale_name], Path(out_dir)
-    seeds = tuple(seed + i for i in range(scale.seeds))
+    seeds = tuple(seed + i for i in range(scale.seeds))[part[0]::part[1]]
     minutes, start = {}, time.perf_counter()
     all_data = chapter0_data(scale_name, seed)
     directions = {}
@@ -477,6 +480,8 @@ def run_chapter(scale_name: str, device: torch.device, out_dir: str | Path, seed
         runs[name] = train_main_systems(d, scale, device, out_dir / d.key, seeds)
         minutes[f"{name}: NAT-Base and Coverage-NAT"] = (time.perf_counter() - t) / 60
     primary = next(iter(directions.values()))
+    if part[0] != 0 or not seeds:  # the first seed's runs are share 0's
+        return ChapterRuns(scale, seeds, directions, runs, {}, None, minutes)
     t = time.perf_counter()
     ablations = train_ablations(primary, runs[primary.name], scale, device, out_dir / primary.key / "ablation", seed)
     minutes["Table III ablations"] = (time.perf_counter() - t) / 60

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from msgcore.attention import KV, MultiHeadAttention, additive_mask
+from msgcore.batching import map_tensors
 from msgcore.layers import DecoderLayer, EncoderOut, FeedForward, LayerCache, ResidualLayer
 from msgcore.model import Decoder, Encoder, Transformer, TransformerConfig
 from msgcore.utils import MsgcoreError
@@ -192,10 +193,11 @@ class MargeBatch:
     indices: list[int] = field(default_factory=list)  # corpus indices of the M documents
     pad_id: int = 0
 
-    def to(self, device: torch.device | str) -> "MargeBatch":
-        return MargeBatch(self.docs.to(device), self.doc_mask.to(device), self.doc_ids.to(device),
-                          self.target_rows.to(device), self.target_in.to(device), self.target_out.to(device),
-                          self.target_mask.to(device), self.indices, self.pad_id)
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "MargeBatch":
+        return map_tensors(self, lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> "MargeBatch":
+        return map_tensors(self, torch.Tensor.pin_memory)
 
     def __len__(self) -> int:
         return self.target_rows.numel()

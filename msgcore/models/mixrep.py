@@ -170,12 +170,6 @@ class MixRepBatch(Batch):
         """N_bpe + N_sp: the loss is averaged over both streams' target tokens (the code's criterion and trainer)."""
         return int(self.target_mask.sum()) + int(self.bpe_target_mask.sum())
 
-    def to(self, device: torch.device | str) -> "MixRepBatch":
-        moved = super().to(device)
-        return MixRepBatch(**vars(moved), bpe_target_in=self.bpe_target_in.to(device),
-                           bpe_target_out=self.bpe_target_out.to(device),
-                           bpe_target_mask=self.bpe_target_mask.to(device))
-
 
 # ---- §3.1 the mixed encoder ------------------------------------------------------------------------
 

@@ -1,0 +1,181 @@
+"""The throughput probe: what one update and one beam-5 decode cost on this device, on the book's own code path.
+
+    python -m msgcore.probe                    # the device's probe (about a minute on a GPU) into book/benchmarks/probe/
+    python -m msgcore.probe --quick            # a few updates of the `tiny` preset: a check of the path, no numbers
+
+Each measurement runs in a fresh worker process. A training setting (preset, tokens per batch) times
+`Trainer.train_step` on the real collate, in the book's precision for the device (bf16 on a GPU with native bf16),
+after warm-up: milliseconds per update and target tokens per second, in 1 process, then in `PROCESSES` processes at
+once on the same device (how chapters train their seeds side by side), whose summed throughput says what sharing
+the device buys. Decoding times beam 5 at batch 64. The batches are random token ids at Multi30k's lengths (8 to 32
+pieces), so the probe needs no data and no tokenizer. Chapters size their recipes from this report's figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batches
+from msgcore.generation import GenerationConfig
+from msgcore.model import Transformer, preset
+from msgcore.trainer import Trainer, TrainConfig, native_bf16
+from msgcore.utils import MsgcoreError, atomic_write, device_name, git_commit, resolve_device
+
+REPORTS = Path(__file__).resolve().parent.parent / "book" / "benchmarks" / "probe"
+TRAIN_SETTINGS = (("small", 2048), ("small", 8192), ("base", 8192))  # (preset, tokens per batch)
+QUICK_SETTINGS = (("tiny", 512),)
+PROCESSES = (1, 3)  # processes training at once on the device
+VOCAB = 8000  # the book's joint vocabulary
+LENGTHS = (8, 32)  # pieces per sentence, as Multi30k's
+EOS, BOS, PAD = 3, 2, 0
+
+
+def random_corpus(n: int, seed: int = 0) -> EncodedCorpus:
+    """`n` sentence pairs of random ids at Multi30k's lengths (no data needed)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(*LENGTHS, (2, n), generator=g).tolist()
+    ids = lambda k: torch.randint(4, VOCAB, (k,), generator=g).tolist()
+    return EncodedCorpus([[ids(k) + [EOS] for k in lengths[0]]], [ids(k) for k in lengths[1]], BOS, EOS)
+
+
+def book_precision(device: torch.device) -> str:
+    """The precision a chapter trains in on `device` (TrainConfig.amp="auto" on a GPU; the CPU recipes' bf16)."""
+    return "auto" if device.type == "cuda" else "bf16"
+
+
+def train_measure(preset_name: str, max_tokens: int, device: torch.device, steps: int, warmup: int) -> dict:
+    """ms per update and target tokens/s of `steps` timed updates after `warmup`, through Trainer.train_step."""
+    torch.manual_seed(0)
+    model = Transformer(preset(preset_name, vocab_size=VOCAB, pad_id=PAD, dropout=0.1))
+    cfg = TrainConfig(max_tokens=max_tokens, amp=book_precision(device), progress=False, warmup_steps=100)
+    data = random_corpus(40 * max_tokens // 20)
+    with tempfile.TemporaryDirectory() as out:
+        trainer = Trainer(model, None, data, None, None, cfg, device, out)
+        batches = token_batches(example_lengths(data), max_tokens, shuffle=True, seed=0)
+        times, tokens = [], 0
+        for i, idx in enumerate(batches[:warmup + steps]):
+            start = time.perf_counter()
+            batch = collate(data, idx)
+            _, n = trainer.train_step([batch.to(device)], trainer.source_tokens(batch), batch.num_target_tokens)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+                tokens += n
+    return {"ms per update": 1000 * statistics.median(times), "target tokens/s": tokens / sum(times),
+            "updates timed": len(times)}
+
+
+def decode_measure(preset_name: str, device: torch.device, sentences: int = 256, batch: int = 64) -> dict:
+    """Beam-5 decoding of random sources at batch `batch`: generated tokens/s and ms per sentence."""
+    torch.manual_seed(0)
+    model = Transformer(preset(preset_name, vocab_size=VOCAB, pad_id=PAD)).to(device).eval()
+    data = random_corpus(sentences, seed=1)
+    cfg = GenerationConfig(beam_size=5, max_len_a=1.0, max_len_b=5)
+    amp = torch.bfloat16 if native_bf16(device) else None
+    generated, start = 0, time.perf_counter()
+    with torch.no_grad(), torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+        for first in range(0, sentences, batch):
+            b = collate(data, list(range(first, min(first + batch, sentences)))).to(device)
+            generated += sum(len(h) for h in model.generate(b.sources, b.source_masks, BOS, EOS, cfg))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    return {"generated tokens/s": generated / seconds, "ms per sentence": 1000 * seconds / sentences}
+
+
+def worker(spec: dict, queue) -> None:
+    """One measurement in a fresh process (spec: kind, preset, tokens, device, steps, warmup)."""
+    torch.set_num_threads(spec.get("threads", 2))
+    device = torch.device(spec["device"])
+    if spec["kind"] == "train":
+        row = train_measure(spec["preset"], spec["tokens"], device, spec["steps"], spec["warmup"])
+    else:
+        row = decode_measure(spec["preset"], device)
+    queue.put(row)
+
+
+def measure(spec: dict, processes: int) -> dict:
+    """Run `processes` copies of one measurement at once; their median ms and summed throughput."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    workers = [ctx.Process(target=worker, args=(spec, queue)) for _ in range(processes)]
+    for w in workers:
+        w.start()
+    rows = [queue.get() for _ in workers]
+    for w in workers:
+        w.join()
+    keys = rows[0].keys()
+    return {key: (sum(r[key] for r in rows) if "/s" in key else statistics.median(r[key] for r in rows))
+            for key in keys}
+
+
+def probe(device: torch.device, quick: bool = False, steps: int = 30, warmup: int = 10) -> dict:
+    """Every setting: training in 1 and PROCESSES processes, then beam-5 decoding; the report as a dict."""
+    settings = QUICK_SETTINGS if quick else TRAIN_SETTINGS
+    steps, warmup = (3, 1) if quick else (steps, warmup)
+    rows = []
+    for preset_name, tokens in settings:
+        for n in (1,) if quick else PROCESSES:
+            spec = {"kind": "train", "preset": preset_name, "tokens": tokens, "device": str(device),
+                    "steps": steps, "warmup": warmup}
+            rows.append({"measure": "train", "preset": preset_name, "tokens per batch": tokens, "processes": n,
+                         **measure(spec, n)})
+            print(f"train {preset_name} at {tokens} tokens, {n} process(es): {rows[-1]['ms per update']:.1f} ms "
+                  f"per update", flush=True)
+    decode = settings[0][0]
+    rows.append({"measure": "decode, beam 5, batch 64", "preset": decode, "processes": 1,
+                 **measure({"kind": "decode", "preset": decode, "device": str(device)}, 1)})
+    return {"device": device_name(device), "torch": torch.__version__, "commit": git_commit(),
+            "precision": book_precision(device), "quick": quick, "rows": rows}
+
+
+def markdown(report: dict) -> str:
+    """The report as a Markdown table, with what was measured where."""
+    columns = ["measure", "preset", "tokens per batch", "processes", "ms per update", "target tokens/s",
+               "generated tokens/s", "ms per sentence"]
+    lines = [f"Probe on {report['device']} (torch {report['torch']}, commit {report['commit']}, precision "
+             f"{report['precision']}).", "", "| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    for row in report["rows"]:
+        cells = [row.get(c, "–") for c in columns]
+        lines.append("| " + " | ".join(f"{c:,.1f}" if isinstance(c, float) else str(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from msgcore.options import OneLineParser, device_option
+
+    parser = OneLineParser(prog="python -m msgcore.probe", description=__doc__.splitlines()[0])
+    parser.add_argument("--device", type=device_option, default="auto")
+    parser.add_argument("--quick", action="store_true", help="tiny preset, a few updates: a check of the path")
+    parser.add_argument("--out", type=Path, default=REPORTS, help="folder of the report (<device>.json and .md)")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 2
+    try:
+        device = resolve_device(args.device)
+        report = probe(device, args.quick)
+    except MsgcoreError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in report["device"]).strip("-").lower()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for suffix, text in ((".json", json.dumps(report, indent=1)), (".md", markdown(report))):
+        with atomic_write(args.out / f"{name}{suffix}", "w") as f:
+            f.write(text)
+    print(markdown(report), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""The offline GPU path (msgcore.offline): stage, run, unpack, each refusal on its own, and the whole path as a
+capped dry run on the CPU."""
+import io
+import json
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from msgcore import offline
+from msgcore.utils import MsgcoreError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def archive_of(path: Path, files: dict[str, bytes], links: dict[str, str] | None = None) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for name, target in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+    return path
+
+
+RESULTS = json.dumps({"chapter": "0", "scale": "small", "commit": "abc", "claims": [], "systems": []}).encode()
+
+
+@pytest.mark.parametrize("name", ["book/../README.md", "/etc/passwd", "msgcore/verdicts.py", "book/ch00.ipynb.pt",
+                                  "book/logs/run-1/best.pt", "book/results/../../x.json", "book/logs/a/b/log.json"])
+def test_unpack_refuses_anything_but_evidence_under_book_before_writing(tmp_path, name):
+    archive = archive_of(tmp_path / "e.tar.gz", {"book/results/ch00_transformer_baseline.json": RESULTS,
+                                                 name: b"{}"})
+    with pytest.raises(MsgcoreError, match="refused"):
+        offline.unpack(archive, tmp_path / "home")
+    assert not (tmp_path / "home").exists()  # nothing written
+
+
+def test_unpack_refuses_links_and_unreadable_json(tmp_path):
+    links = archive_of(tmp_path / "l.tar.gz", {}, {"book/results/ch00_transformer_baseline.json": "/etc/passwd"})
+    with pytest.raises(MsgcoreError, match="not a plain file"):
+        offline.unpack(links, tmp_path / "home")
+    broken = archive_of(tmp_path / "b.tar.gz", {"book/results/ch00_transformer_baseline.json": b"{not json"})
+    with pytest.raises(MsgcoreError, match="not readable JSON"):
+        offline.unpack(broken, tmp_path / "home")
+    (tmp_path / "x.tar.gz").write_bytes(b"garbage")
+    with pytest.raises(MsgcoreError, match="not a readable evidence archive"):
+        offline.unpack(tmp_path / "x.tar.gz", tmp_path / "home")
+
+
+def test_unpack_writes_the_evidence_and_regenerates_readme(tmp_path):
+    from msgcore import scoreboard
+
+    home = tmp_path / "home"
+    (home / "book" / "results").mkdir(parents=True)
+    (home / "README.md").write_text(f"# t\n{scoreboard.START}\nold\n{scoreboard.END}\n")
+    archive = archive_of(tmp_path / "e.tar.gz", {"book/results/ch00_transformer_baseline.json": RESULTS,
+                                                 "book/logs/run-abc/log.json": b"[]"})
+    names = offline.unpack(archive, home)
+    assert names == ["book/results/ch00_transformer_baseline.json", "book/logs/run-abc/log.json"]
+    assert (home / "book" / "logs" / "run-abc" / "log.json").read_text() == "[]"
+    assert "old" not in (home / "README.md").read_text() and "| 0 | small | abc |" in (home / "README.md").read_text()
+
+
+def fake_wheel(folder: Path, name: str = "tinypkg", version: str = "1.0") -> Path:
+    """A minimal pure-Python wheel: one module and its dist-info."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(path, "w") as wheel:
+        wheel.writestr(f"{name}.py", "ANSWER = 42\n")
+        wheel.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(f"{info}/RECORD", "")
+    return path
+
+
+def test_the_bundles_wheels_install_offline_into_a_folder_of_their_own(tmp_path):
+    fake_wheel(tmp_path / "bundle" / "wheels")
+    assert offline.install_wheels(tmp_path / "bundle", tmp_path / "site")
+    assert (tmp_path / "site" / "tinypkg.py").read_text() == "ANSWER = 42\n"
+    assert not offline.install_wheels(tmp_path / "empty", tmp_path / "site2")  # no wheels: nothing to install
+
+
+def test_stage_copies_the_data_and_the_commit_and_refuses_a_mirror_without_the_data(tmp_path, monkeypatch):
+    mirror = tmp_path / "mirror"
+    for name in offline.DATA_SETS:
+        (mirror / name).mkdir(parents=True)
+        (mirror / name / "f.txt").write_text(name)
+    monkeypatch.setenv("MSGCORE_COMMIT", "1234abc")
+    size = offline.stage(tmp_path / "bundle", mirror, with_wheels=False)
+    assert (tmp_path / "bundle" / "COMMIT").read_text() == "1234abc\n"
+    assert (tmp_path / "bundle" / "data" / "multi30k" / "f.txt").read_text() == "multi30k"
+    assert size == offline.folder_size(tmp_path / "bundle")
+    (mirror / "multi30k-task2" / "f.txt").unlink()
+    (mirror / "multi30k-task2").rmdir()
+    with pytest.raises(MsgcoreError, match="lacks multi30k-task2"):
+        offline.stage(tmp_path / "bundle2", mirror, with_wheels=False)
+    assert not (tmp_path / "bundle2").exists()
+
+
+def test_the_pinned_wheels_are_the_closure_papermill_needs_beyond_the_image():
+    assert {"papermill", "nbclient", "nbformat", "ipykernel", "jupyter_client", "pyzmq", "tornado"} <= set(offline.WHEELS)
+    assert not {"torch", "numpy", "pandas", "pyyaml", "requests", "debugpy", "jedi"} & set(offline.WHEELS)
+
+
+def test_pack_takes_notebooks_results_and_logs_never_a_checkpoint(tmp_path):
+    run_dir, cache = tmp_path / "run", tmp_path / "cache"
+    (run_dir / "book" / "results").mkdir(parents=True)
+    (run_dir / "book" / "ch05_coverage_nat.ipynb").write_text("{}")
+    (run_dir / "book" / "ch01_trice.ipynb").write_text("{}")  # a copy of a chapter that did not run here
+    (run_dir / "book" / "results" / "ch05_coverage_nat.json").write_text("{}")
+    (run_dir / "book" / "benchmarks" / "probe").mkdir(parents=True)
+    for name in ("nvidia-h100.json", "nvidia-h100.md"):
+        (run_dir / "book" / "benchmarks" / "probe" / name).write_text("{}")
+    (cache / "run-abc").mkdir(parents=True)
+    for name in ("log.json", "meta.json", "best.pt", "last.pt"):
+        (cache / "run-abc" / name).write_text("{}")
+    archive = offline.pack(tmp_path / "e.tar.gz", run_dir, cache, ["ch05_coverage_nat"])
+    with tarfile.open(archive) as tar:
+        assert sorted(tar.getnames()) == ["book/benchmarks/probe/nvidia-h100.json",
+                                          "book/benchmarks/probe/nvidia-h100.md", "book/ch05_coverage_nat.ipynb",
+                                          "book/logs/run-abc/log.json", "book/logs/run-abc/meta.json",
+                                          "book/results/ch05_coverage_nat.json"]
+    assert offline.checked_members(archive)  # what run packs, unpack takes
+
+
+def test_a_step_past_the_deadline_is_killed_and_says_so(tmp_path):
+    import sys
+    import time
+
+    step = offline.run_step(offline.Step("sleeper", [sys.executable, "-c", "import time; print('hi'); time.sleep(60)"]),
+                            {}, time.monotonic() + 6)
+    assert step.timed_out and step.minutes < 0.5
+    late = offline.run_step(offline.Step("late", ["true"]), {}, time.monotonic() + 1)
+    assert late.returncode is None  # not started: no time left
