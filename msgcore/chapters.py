@@ -29,6 +29,11 @@ def _baseline(name: str) -> tuple:
     return (BASELINE_SCALES[name],)
 
 
+def _baseline_chapter(name: str) -> tuple:
+    from msgcore.foundations.baselines import BASELINE_SEEDS
+    return *_baseline(name), ("training seeds", BASELINE_SEEDS[name])
+
+
 def _trice(name: str) -> tuple:
     from msgcore.experiments.trice import TRICE_SCALES
     from msgcore.foundations.denoiser import DENOISER_SCALES
@@ -58,7 +63,7 @@ def _coverage_nat(name: str) -> tuple:
 
 
 CHAPTERS: dict[str, ChapterRecipe] = {
-    "ch00_transformer_baseline": ChapterRecipe(("core",), _baseline),
+    "ch00_transformer_baseline": ChapterRecipe(("core",), _baseline_chapter),
     "ch01_trice": ChapterRecipe(("core", "trice"), _trice),
     "ch02_mixrep": ChapterRecipe(("core", "mixrep"), _mixrep),
     "ch03_marge": ChapterRecipe(("core", "marge"), _marge),

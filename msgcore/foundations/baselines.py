@@ -64,12 +64,29 @@ def baseline_data(scale: Scale, seed: int = 0, allow_synthetic: bool = False) ->
     return {"De→En": de_en, "En→De": en_de}
 
 
+# Training seeds per direction at each scale, all on the one tokenizer and data of the notebook's seed (the first
+# training seed is the notebook's too: its runs are chapter 5's teachers).
+BASELINE_SEEDS = {"smoke": 1, "small": 3, "full": 3}
+
+
+def baseline_seeds(scale_name: str, seed: int = 0) -> tuple[int, ...]:
+    """The training seeds chapter 0 runs at `scale_name`, starting from the notebook's `seed`."""
+    get_scale(BASELINE_SCALES, scale_name)
+    return tuple(seed + i for i in range(BASELINE_SEEDS[scale_name]))
+
+
 def train_baselines(scale_name: str, device: torch.device, out_dir: str | Path, seed: int = 0,
-                    data: dict[str, TranslationData] | None = None) -> dict[str, RunResult]:
-    """Every training run of chapter 0 (one per direction), through the run cache: chapter 5's teachers."""
+                    data: dict[str, TranslationData] | None = None,
+                    part: tuple[int, int] = (0, 1)) -> dict[str, dict[int, RunResult]]:
+    """Every training run of chapter 0, through the run cache: direction -> training seed -> run, for each seed of
+    `baseline_seeds` (with `part` = (i, N), this process's share: every N-th seed from the i-th). The first seed's
+    runs are chapter 5's teachers."""
     scale = get_scale(BASELINE_SCALES, scale_name)
     data = data or baseline_data(scale, seed, allow_synthetic=scale_name == "smoke")
-    return {name: train_translation(d, scale, device, Path(out_dir) / name.replace("→", "-"), seed=seed)
+    index, parts = part
+    seeds = baseline_seeds(scale_name, seed)[index::parts]
+    return {name: {s: train_translation(d, scale, device, Path(out_dir) / f"{name.replace('→', '-')}-seed{s}", seed=s)
+                   for s in seeds}
             for name, d in data.items()}
 
 
@@ -95,18 +112,23 @@ def sanity_gate(de_en_bleu: float) -> Gate:
                 "in other metrics)")
 
 
-def baseline_measures(outputs: dict[str, list[str]], data: TranslationData, seed: int) -> dict:
-    """Per test split, every BASELINE_METRICS score of one seed's outputs (with its bootstrap replicates)."""
-    return {split: {label: text_measure(metric, {seed: hyps}, data.corpora[split].target[:len(hyps)], **options)
+def baseline_measures(outputs: dict[int, dict[str, list[str]]], data: TranslationData) -> dict:
+    """Per test split, every BASELINE_METRICS score of each seed's outputs (seed -> split -> hypotheses), with their
+    bootstrap replicates."""
+    splits = next(iter(outputs.values()))
+    return {split: {label: text_measure(metric, {s: by_split[split] for s, by_split in outputs.items()},
+                                        data.corpora[split].target[:len(splits[split])], **options)
                     for label, (metric, options) in BASELINE_METRICS.items()}
-            for split, hyps in outputs.items()}
+            for split in splits}
 
 
-def baseline_system(name: str, run: RunResult, outputs: dict[str, list[str]], data: TranslationData, scale: Scale,
-                    seed: int) -> System:
-    """One direction's Transformer as the protocol sees it: its test scores and its one training stage."""
-    stage = stage_from_history("training", run.history, scale.train.patience, schedule=schedule_of(scale.train))
-    return trained_system(f"Transformer {name}", baseline_measures(outputs, data, seed), [RunRecord(seed, (stage,))])
+def baseline_system(name: str, runs: dict[int, RunResult], outputs: dict[int, dict[str, list[str]]],
+                    data: TranslationData, scale: Scale) -> System:
+    """One direction's Transformer as the protocol sees it: each seed's test scores and its one training stage."""
+    records = [RunRecord(s, (stage_from_history("training", run.history, scale.train.patience,
+                                                schedule=schedule_of(scale.train)),))
+               for s, run in runs.items()]
+    return trained_system(f"Transformer {name}", baseline_measures(outputs, data), records)
 
 
 FLOOR_METRICS = ("BLEU",)  # the labels the floors are scored in (choosing chrF's best constant takes minutes)
