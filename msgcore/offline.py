@@ -9,14 +9,18 @@ the target's Python), a copy of the data the chapters read, and the commit of th
 travels with the working tree.
 
 `run` installs the wheels into a folder of its own, records the device (nvidia-smi, torch, CUDA, cuDNN), runs the
-throughput probe when asked (`--probe`: a minute; its report comes back), executes the chapters once at `smoke` on
-the device (a minute, which catches CUDA-only failures before real minutes are spent), fills the run cache with
+throughput probe when asked (`--probe`: 2 minutes on an H200; its report comes back), executes the chapters once at `smoke` on
+the device (1.3 to 2 minutes a chapter on an H200, which catches CUDA-only failures before real minutes are
+spent; `--no-smoke` once a chapter has passed), fills the run cache with
 each chapter's seeds in parallel processes (`python -m msgcore.experiments --part i/N`), then executes the chapters
 at the asked scale, under a deadline. A GPU's first command is the probe and every chapter at `smoke`:
 
-    python -m msgcore.offline run --probe --scale smoke --chapter ch00_transformer_baseline ... --out OUT Whatever happens, it packs the evidence into
-`OUT/evidence.tar.gz`: the executed notebooks, their `results/*.json` and every run's `log.json` and `meta.json`
-(under `book/logs/`), never a checkpoint; and `OUT/summary.txt` says what ran and how long.
+    python -m msgcore.offline run --probe --scale smoke --chapter ch00_transformer_baseline ... --out OUT
+
+Whatever happens, it packs the evidence into `OUT/evidence.tar.gz`: the executed notebooks, their `results/*.json` and every run's `log.json` and `meta.json`
+(under `book/logs/`), never a checkpoint; and `OUT/summary.txt` says what ran and how long. The run cache stays in
+`--cache` (`runs/offline-cache`, which git ignores, by default), so that a second command on the same machine goes
+on from the runs the first one finished.
 
 `unpack` checks every member of the archive before writing anything (a file under `book/` of one of those kinds,
 nothing else), writes them, and regenerates README's results block. Nothing is retrained: the notebooks and results
@@ -43,6 +47,7 @@ from msgcore.utils import MsgcoreError, atomic_write, git_commit
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUNDLE = REPO_ROOT / ".offline"  # what `stage` writes (git ignores it) and `run` reads
+CACHE = REPO_ROOT / "runs" / "offline-cache"  # the run cache `run` fills; it outlives one command on the machine
 # Papermill's closure beyond a PyTorch image (cp312, manylinux x86-64), resolved once with `pip download` and pinned.
 # Not needed at run time, so not shipped: debugpy, jedi, parso (10 MB). The image has the rest (pyyaml, requests,
 # click, tqdm, packaging, psutil, pygments ...).
@@ -222,14 +227,16 @@ def run_parallel(steps: list[Step], env: dict, deadline: float) -> list[Step]:
 
 def run(out: Path, chapters: list[str], scale: str, device: str = "cuda", bundle: Path = BUNDLE, seed: int = 0,
         parts: int = 3, deadline_min: float = 8.0, smoke: bool = True, dry_run: bool = False,
-        probe: bool = False) -> Path:
+        probe: bool = False, cache: Path = CACHE) -> Path:
     """Everything `python -m msgcore.offline run` does; returns the evidence archive (written whatever happened).
-    With `probe`, the throughput probe (msgcore.probe) runs first, and its report comes back with the evidence."""
+    With `probe`, the throughput probe (msgcore.probe) runs first, and its report comes back with the evidence.
+    The runs go to `cache`, where a later command on the same machine finds them."""
     deadline = time.monotonic() + 60 * deadline_min
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="msgcore-offline-"))
     site = work / "site"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MSGCORE_RUNS": str(work / "cache"),
+    cache.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MSGCORE_RUNS": str(cache.resolve()),
            "MSGCORE_DATA_MIRROR": str((bundle / "data").resolve()),
            "MSGCORE_COMMIT": (bundle / "COMMIT").read_text().strip() if (bundle / "COMMIT").is_file() else git_commit(),
            "PYTHONPATH": os.pathsep.join([str(site), str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
@@ -251,7 +258,7 @@ def run(out: Path, chapters: list[str], scale: str, device: str = "cuda", bundle
         steps += run_parallel([Step(f"{chapter} part {i}/{parts}", c) for i, c in enumerate(commands)], env, deadline)
     steps.append(run_step(Step(f"chapters at {scale}", [*book, "--scale", scale, "--seed", str(seed), "--out",
                                                           str(work / "run"), *caps]), env, deadline))
-    archive = pack(out / "evidence.tar.gz", work / "run", work / "cache", chapters)
+    archive = pack(out / "evidence.tar.gz", work / "run", cache, chapters)
     (out / "summary.txt").write_text(summary(steps, archive))
     shutil.rmtree(work, ignore_errors=True)
     return archive
@@ -370,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                                                          "comes back under book/benchmarks/probe/")
     rn.add_argument("--deadline-min", type=float, default=8.0, help="minutes after which everything is cut off")
     rn.add_argument("--no-smoke", action="store_true", help="skip the smoke pass")
+    rn.add_argument("--cache", type=Path, default=CACHE, help="the run cache, kept for the next command")
     rn.add_argument("--dry-run", action="store_true", help="every loop capped (msgcore.dryrun): a check of the path")
     up = commands.add_parser("unpack", help="write an evidence archive into book/ and regenerate README")
     up.add_argument("archive", type=Path)
@@ -384,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.bundle}: {size / 2 ** 20:.1f} MiB (wheels, data, commit)")
         elif args.command == "run":
             archive = run(args.out, args.chapter, args.scale, args.device, args.bundle, args.seed, args.parts,
-                          args.deadline_min, not args.no_smoke, args.dry_run, args.probe)
+                          args.deadline_min, not args.no_smoke, args.dry_run, args.probe, args.cache)
             print((args.out / "summary.txt").read_text(), end="")
             print(f"evidence: {archive}")
         else:

@@ -1,13 +1,14 @@
 """The throughput probe: what one update and one beam-5 decode cost on this device, on the book's own code path.
 
-    python -m msgcore.probe                    # the device's probe (about a minute on a GPU) into book/benchmarks/probe/
+    python -m msgcore.probe                    # the device's probe (2 minutes on an H200) into book/benchmarks/probe/
     python -m msgcore.probe --quick            # a few updates of the `tiny` preset: a check of the path, no numbers
 
 Each measurement runs in a fresh worker process. A training setting (preset, tokens per batch) times
 `Trainer.train_step` on the real collate, in the book's precision for the device (bf16 on a GPU with native bf16),
 after warm-up: milliseconds per update and target tokens per second, in 1 process, then in `PROCESSES` processes at
 once on the same device (how chapters train their seeds side by side), whose summed throughput says what sharing
-the device buys. Decoding times beam 5 at batch 64. The batches are random token ids at Multi30k's lengths (8 to 32
+the device buys. Decoding times beam 5 after a warm-up batch: at batch 64, at the chapters' decoding batch
+(`DECODE_TOKENS`) and at 4 times it. The batches are random token ids at Multi30k's lengths (8 to 32
 pieces), so the probe needs no data and no tokenizer. Chapters size their recipes from this report's figures.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batches
 from msgcore.generation import GenerationConfig
 from msgcore.model import Transformer, preset
-from msgcore.trainer import Trainer, TrainConfig, native_bf16
+from msgcore.trainer import DECODE_TOKENS, Trainer, TrainConfig, native_bf16
 from msgcore.utils import MsgcoreError, atomic_write, device_name, git_commit, resolve_device
 
 REPORTS = Path(__file__).resolve().parent.parent / "book" / "benchmarks" / "probe"
@@ -75,22 +76,40 @@ def train_measure(preset_name: str, max_tokens: int, device: torch.device, steps
             "updates timed": len(times)}
 
 
-def decode_measure(preset_name: str, device: torch.device, sentences: int = 256, batch: int = 64) -> dict:
-    """Beam-5 decoding of random sources at batch `batch`: generated tokens/s and ms per sentence."""
+def decode_measure(preset_name: str, device: torch.device, batch: int | None = 64,
+                   max_tokens: int | None = None) -> dict:
+    """Beam-5 decoding of random sources: generated tokens/s and ms per sentence, after one untimed warm-up batch.
+
+    Batches hold `batch` sentences, or as many as `max_tokens` (source tokens x beam) allows, as `translate_encoded`
+    packs a chapter's decoding. The random model never prefers </s>, so every hypothesis runs to its length limit:
+    the worst case of a trained model's decoding.
+    """
     torch.manual_seed(0)
     model = Transformer(preset(preset_name, vocab_size=VOCAB, pad_id=PAD)).to(device).eval()
-    data = random_corpus(sentences, seed=1)
     cfg = GenerationConfig(beam_size=5, max_len_a=1.0, max_len_b=5)
+    if max_tokens:
+        data = random_corpus(3 * max_tokens // (cfg.beam_size * sum(LENGTHS) // 2), seed=1)  # about 3 batches
+        batches = token_batches(example_lengths(data), max_tokens // cfg.beam_size, shuffle=False)
+    else:
+        data = random_corpus(4 * batch, seed=1)
+        batches = [list(range(first, first + batch)) for first in range(0, len(data), batch)]
     amp = torch.bfloat16 if native_bf16(device) else None
-    generated, start = 0, time.perf_counter()
+    generated, sentences, start = 0, 0, None
     with torch.no_grad(), torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-        for first in range(0, sentences, batch):
-            b = collate(data, list(range(first, min(first + batch, sentences)))).to(device)
-            generated += sum(len(h) for h in model.generate(b.sources, b.source_masks, BOS, EOS, cfg))
+        for i, idx in enumerate(batches):
+            b = collate(data, idx).to(device)
+            hypotheses = model.generate(b.sources, b.source_masks, BOS, EOS, cfg)
+            if i == 0:  # the warm-up batch: CUDA's lazy kernel loading and the allocator's first blocks
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                start = time.perf_counter()
+                continue
+            generated, sentences = generated + sum(len(h) for h in hypotheses), sentences + len(idx)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
-    return {"generated tokens/s": generated / seconds, "ms per sentence": 1000 * seconds / sentences}
+    return {"generated tokens/s": generated / seconds, "ms per sentence": 1000 * seconds / sentences,
+            "sentences per batch": round(sentences / (len(batches) - 1))}
 
 
 def worker(spec: dict, queue) -> None:
@@ -100,7 +119,7 @@ def worker(spec: dict, queue) -> None:
     if spec["kind"] == "train":
         row = train_measure(spec["preset"], spec["tokens"], device, spec["steps"], spec["warmup"])
     else:
-        row = decode_measure(spec["preset"], device)
+        row = decode_measure(spec["preset"], device, spec.get("batch"), spec.get("max_tokens"))
     queue.put(row)
 
 
@@ -133,8 +152,14 @@ def probe(device: torch.device, quick: bool = False, steps: int = 30, warmup: in
             print(f"train {preset_name} at {tokens} tokens, {n} process(es): {rows[-1]['ms per update']:.1f} ms "
                   f"per update", flush=True)
     decode = settings[0][0]
-    rows.append({"measure": "decode, beam 5, batch 64", "preset": decode, "processes": 1,
-                 **measure({"kind": "decode", "preset": decode, "device": str(device)}, 1)})
+    book_tokens = DECODE_TOKENS.get(device.type, DECODE_TOKENS["cpu"])
+    batches = ((64, None),) if quick else ((64, None), (None, book_tokens), (None, 4 * book_tokens))
+    for batch, max_tokens in batches:
+        spec = {"kind": "decode", "preset": decode, "device": str(device), "batch": batch, "max_tokens": max_tokens}
+        what = f"batch {batch}" if batch else f"{max_tokens} tokens" + (" (the chapters')" if max_tokens ==
+                                                                        book_tokens else "")
+        rows.append({"measure": f"decode, beam 5, {what}", "preset": decode, "processes": 1, **measure(spec, 1)})
+        print(f"{rows[-1]['measure']}: {rows[-1]['ms per sentence']:.2f} ms per sentence", flush=True)
     return {"device": device_name(device), "torch": torch.__version__, "commit": git_commit(),
             "precision": book_precision(device), "quick": quick, "rows": rows}
 
@@ -142,7 +167,7 @@ def probe(device: torch.device, quick: bool = False, steps: int = 30, warmup: in
 def markdown(report: dict) -> str:
     """The report as a Markdown table, with what was measured where."""
     columns = ["measure", "preset", "tokens per batch", "processes", "ms per update", "target tokens/s",
-               "generated tokens/s", "ms per sentence"]
+               "sentences per batch", "generated tokens/s", "ms per sentence"]
     lines = [f"Probe on {report['device']} (torch {report['torch']}, commit {report['commit']}, precision "
              f"{report['precision']}).", "", "| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
     for row in report["rows"]:

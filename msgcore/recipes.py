@@ -169,6 +169,8 @@ def train_model(model, data: TranslationData, train_cfg: TrainConfig, device: to
         if meta is not None:
             result = load_finished_run(model, folder, meta, device)
         else:
+            if entry:
+                runcache.begin(entry)
             result = run_training(model, data, train_cfg, device, folder, train, valid, refs, trainer_class)
             if entry:
                 (folder / "last.pt").unlink(missing_ok=True)  # the optimizer state is not needed once finished

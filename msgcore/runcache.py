@@ -190,10 +190,33 @@ def entry_lock(entry: Path, poll_s: float = LOCK_POLL_S):
     return pid_lock(entry / ".lock", wait, f"train the run {entry.name}")
 
 
+def begin(entry: Path) -> None:
+    """Record the commit and the time at which a run or a build starts (`entry/started.json`): the commit that
+    trains a run is the one it started at, even when the checkout moves while it trains. A resumed run keeps the
+    record of its first start."""
+    entry.mkdir(parents=True, exist_ok=True)
+    if not (entry / "started.json").is_file():
+        with atomic_write(entry / "started.json") as f:
+            json.dump({"commit": git_commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}, f)
+
+
+def started(entry: Path) -> dict:
+    """What `begin` recorded, or {} for an entry begun before it existed (or unreadable)."""
+    try:
+        record = json.loads((entry / "started.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
 def mark_finished(entry: Path, files: list[str], **info) -> dict:
-    """Write meta.json (last, atomically): the checksums of `files`, the provenance of the run (the commit that
-    trained it, torch's version, the date) and `info` (wall time, device, ...)."""
-    meta = {"files": {name: file_sha256(entry / name) for name in files}, "commit": git_commit(),
+    """Write meta.json (last, atomically): the checksums of `files`, the provenance of the run (the commit it
+    started at, from `begin`, and the one it finished at where they differ; torch's version; the date) and `info`
+    (wall time, device, ...)."""
+    now = git_commit()
+    commit = started(entry).get("commit", now)
+    meta = {"files": {name: file_sha256(entry / name) for name in files}, "commit": commit,
+            **({"finished at commit": now} if now != commit else {}),
             "torch": torch.__version__, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **info}
     with atomic_write(entry / "meta.json") as f:
         json.dump(meta, f, indent=1)
@@ -235,13 +258,16 @@ def cached_artifact(kind: str, key: dict, build: Callable[[], object], safe_type
         if finished(entry) is not None:
             note_reused(entry.name)
             return load_artifact(entry / "artifact.pt", safe_types)
+        begin(entry)
+        start = time.perf_counter()
         value = build()
+        wall = time.perf_counter() - start  # this process's part, when the build resumed an interrupted one
         buffer = io.BytesIO()
         torch.save(value, buffer)
         with atomic_write(entry / "artifact.pt", "wb") as f:
             f.write(buffer.getvalue())
         shutil.rmtree(entry / "work", ignore_errors=True)
-        mark_finished(entry, ["artifact.pt"], kind=kind)
+        mark_finished(entry, ["artifact.pt"], kind=kind, wall_time_s=wall)
     return value
 
 

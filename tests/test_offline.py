@@ -138,3 +138,30 @@ def test_a_step_past_the_deadline_is_killed_and_says_so(tmp_path):
     assert step.timed_out and step.minutes < 0.5
     late = offline.run_step(offline.Step("late", ["true"]), {}, time.monotonic() + 1)
     assert late.returncode is None  # not started: no time left
+
+
+def test_a_second_command_finds_the_runs_the_first_left_in_its_cache(tmp_path, monkeypatch):
+    """The run cache outlives one `run` (a warm GPU machine takes a second command): each command's processes see
+    the same MSGCORE_RUNS, and the second's evidence carries the runs the first finished."""
+    seen = []
+
+    def fake_step(step, env, deadline):
+        seen.append(env["MSGCORE_RUNS"])
+        entry = Path(env["MSGCORE_RUNS"]) / f"run-{len(seen)}"
+        entry.mkdir()
+        (entry / "log.json").write_text("[]")
+        (entry / "meta.json").write_text("{}")
+        step.returncode, step.minutes = 0, 0.0
+        return step
+
+    monkeypatch.setattr(offline, "run_step", fake_step)
+    monkeypatch.setattr(offline, "install_wheels", lambda bundle, site: False)
+    monkeypatch.setattr(offline, "device_report", lambda: "no device")
+    cache = tmp_path / "cache"
+    for i in (1, 2):
+        archive = offline.run(tmp_path / f"out{i}", ["ch00_transformer_baseline"], "small", "cpu",
+                              tmp_path / "bundle", parts=1, smoke=False, cache=cache)
+    assert seen == [str(cache.resolve())] * 2
+    with tarfile.open(archive) as tar:
+        assert sorted(tar.getnames()) == ["book/logs/run-1/log.json", "book/logs/run-1/meta.json",
+                                          "book/logs/run-2/log.json", "book/logs/run-2/meta.json"]

@@ -152,6 +152,25 @@ def test_provenance_rows_name_the_commit_of_every_entry_used_trained_or_reused(t
     assert all(row["device"] == "cpu" and row["minutes"] is not None for row in rows)
 
 
+def test_a_run_is_credited_to_the_commit_it_started_at_when_the_checkout_moves_while_it_trains(toy, tmp_path,
+                                                                                                  monkeypatch):
+    commits = iter(["start11", "later22"])  # HEAD when the run begins, then when it finishes
+    monkeypatch.setattr(runcache, "git_commit", lambda: next(commits))
+    run = train_model(fresh_model(toy, seed=3), toy, cfg(max_steps=3), torch.device("cpu"), tmp_path / "a")
+    meta = json.loads((run.out_dir / "meta.json").read_text())
+    assert meta["commit"] == "start11" and meta["finished at commit"] == "later22"
+
+
+def test_a_resumed_build_keeps_the_commit_of_its_first_start(monkeypatch):
+    monkeypatch.setattr(runcache, "git_commit", lambda: "first01")
+    entry = runcache.artifact_entry("toy", {"k": "resume"})
+    runcache.begin(entry)  # an interrupted build began here
+    monkeypatch.setattr(runcache, "git_commit", lambda: "second2")
+    runcache.cached_artifact("toy", {"k": "resume"}, lambda: [1])
+    meta = json.loads((entry / "meta.json").read_text())
+    assert meta["commit"] == "first01" and meta["finished at commit"] == "second2" and meta["wall_time_s"] >= 0
+
+
 def test_two_processes_on_one_run_take_turns(tmp_path, monkeypatch):
     """The second waits for the first's lock; a lock whose process is gone is taken over."""
     import subprocess

@@ -481,7 +481,7 @@ def train_marge(docs: Documents, val_docs: Documents, tokenizer, scale: MargeSca
 
     start = time.perf_counter()
     if entry:
-        entry.mkdir(parents=True, exist_ok=True)
+        runcache.begin(entry)
     log = pretrain(model, stream, steps, scale.lr, scale.label_smoothing, on_refresh, warmup=scale.warmup,
                    decay=True, clip_norm=1.0, device=device, last=entry / "last.pt" if entry else None,
                    amp=scale.amp, sdpa_backends=scale.sdpa_backends, on_end=dev_scores)

@@ -100,9 +100,9 @@ class CoverageCrossAttention(MultiHeadAttention):
     """Cross-attention with an additive bias on the logits: softmax(QK^T / sqrt(d_model) + bias) V.
 
     Same parameters as MultiHeadAttention (a NAT-Base checkpoint loads into it). The math path is
-    always taken, since the next iteration needs the weights. Each head's logits are scaled by sqrt(d_model), as
-    Eq. (9) writes them, not by sqrt(d_head) as the other attention layers are: against the logits, the coverage
-    bias weighs what the paper's single-head equation gives it.
+    always taken, since the next iteration needs the weights. Eq. (9) is written for one attention over the whole
+    d_model; ours has H heads, and each head's logits are divided by sqrt(d_model), as the equation writes it (see
+    the Deviation in `forward`).
     """
 
     def forward(self, x: Tensor, memory: Tensor, mask: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
@@ -113,6 +113,11 @@ class CoverageCrossAttention(MultiHeadAttention):
         q = self.split_heads(self.q_proj(x))  # (B, H, T, Dh)
         k, v = self.keys_values(x, memory, None)  # (B, H, S, Dh) each
         # The same bias for every head (see the Deviation in CoverageDecoderLayer).
+        # Deviation: Eq. (9)'s single head sums its dot product over d_model dimensions; a head of ours sums over
+        # d_head = d_model / H, yet is divided by the same sqrt(d_model). Its content logits are so sqrt(H) times
+        # smaller than the equation's (and than our other attention layers', divided by sqrt(d_head)), and the
+        # coverage bias lambda B weighs sqrt(H) times more against them than the paper's. lambda is trainable and
+        # starts at 1; we keep the equation's divisor rather than rescale the bias by a factor the paper never uses.
         scores = q @ k.transpose(-2, -1) / math.sqrt(x.size(-1)) + bias.unsqueeze(1)  # Eq. (9): / sqrt(d_model) + lambda B
         scores = scores.masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # Eq. (9): A^k, (B, H, T, S)
