@@ -10,6 +10,8 @@ once on the same device (how chapters train their seeds side by side), whose sum
 the device buys. Decoding times beam 5 after a warm-up batch: at batch 64, at the chapters' decoding batch
 (`DECODE_TOKENS`) and at 4 times it. The batches are random token ids at Multi30k's lengths (8 to 32
 pieces), so the probe needs no data and no tokenizer. Chapters size their recipes from this report's figures.
+The updates of one setting (`PROFILED`) and the decoding at batch 64 are also profiled (torch.profiler): the
+report says where their time goes.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
+from typing import Callable
 from pathlib import Path
 
 import torch
@@ -35,6 +38,7 @@ REPORTS = Path(__file__).resolve().parent.parent / "book" / "benchmarks" / "prob
 TRAIN_SETTINGS = (("small", 2048), ("small", 8192), ("base", 8192))  # (preset, tokens per batch)
 QUICK_SETTINGS = (("tiny", 512),)
 PROCESSES = (1, 3)  # processes training at once on the device
+PROFILED = ("small", 8192)  # the training setting whose updates are profiled too (in 1 process)
 VOCAB = 8000  # the book's joint vocabulary
 LENGTHS = (8, 32)  # pieces per sentence, as Multi30k's
 EOS, BOS, PAD = 3, 2, 0
@@ -53,8 +57,24 @@ def book_precision(device: torch.device) -> str:
     return "auto" if device.type == "cuda" else "bf16"
 
 
-def train_measure(preset_name: str, max_tokens: int, device: torch.device, steps: int, warmup: int) -> dict:
-    """ms per update and target tokens/s of `steps` timed updates after `warmup`, through Trainer.train_step."""
+def where_the_time_goes(run: Callable[[], None], device: torch.device, rows: int = 15) -> str:
+    """torch.profiler's table of `run()` (after the timed work: every kernel is loaded), the operators with the most
+    host time first: on a launch-bound GPU the host's time is the step's, and the call counts show each sync
+    (`cudaStreamSynchronize`, `cudaMemcpy`) and each launch."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+
+
+def train_measure(preset_name: str, max_tokens: int, device: torch.device, steps: int, warmup: int,
+                  profile: bool = False) -> dict:
+    """ms per update and target tokens/s of `steps` timed updates after `warmup`, through Trainer.train_step;
+    with `profile`, the profiler's table of 5 more updates."""
     torch.manual_seed(0)
     model = Transformer(preset(preset_name, vocab_size=VOCAB, pad_id=PAD, dropout=0.1))
     cfg = TrainConfig(max_tokens=max_tokens, amp=book_precision(device), progress=False, warmup_steps=100)
@@ -72,12 +92,19 @@ def train_measure(preset_name: str, max_tokens: int, device: torch.device, steps
             if i >= warmup:
                 times.append(time.perf_counter() - start)
                 tokens += n
+
+        def five_updates():
+            for idx in batches[:5]:
+                batch = collate(data, idx)
+                trainer.train_step([batch.to(device)], trainer.source_tokens(batch), batch.num_target_tokens)
+
+        table = where_the_time_goes(five_updates, device) if profile else None
     return {"ms per update": 1000 * statistics.median(times), "target tokens/s": tokens / sum(times),
-            "updates timed": len(times)}
+            "updates timed": len(times), **({"profile": table} if table else {})}
 
 
 def decode_measure(preset_name: str, device: torch.device, batch: int | None = 64,
-                   max_tokens: int | None = None) -> dict:
+                   max_tokens: int | None = None, profile: bool = False) -> dict:
     """Beam-5 decoding of random sources: generated tokens/s and ms per sentence, after one untimed warm-up batch.
 
     Batches hold `batch` sentences, or as many as `max_tokens` (source tokens x beam) allows, as `translate_encoded`
@@ -108,8 +135,15 @@ def decode_measure(preset_name: str, device: torch.device, batch: int | None = 6
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
+
+    def one_batch():
+        with torch.no_grad(), torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            b = collate(data, batches[1]).to(device)
+            model.generate(b.sources, b.source_masks, BOS, EOS, cfg)
+
+    table = where_the_time_goes(one_batch, device) if profile else None
     return {"generated tokens/s": generated / seconds, "ms per sentence": 1000 * seconds / sentences,
-            "sentences per batch": round(sentences / (len(batches) - 1))}
+            "sentences per batch": round(sentences / (len(batches) - 1)), **({"profile": table} if table else {})}
 
 
 def worker(spec: dict, queue) -> None:
@@ -117,9 +151,11 @@ def worker(spec: dict, queue) -> None:
     torch.set_num_threads(spec.get("threads", 2))
     device = torch.device(spec["device"])
     if spec["kind"] == "train":
-        row = train_measure(spec["preset"], spec["tokens"], device, spec["steps"], spec["warmup"])
+        row = train_measure(spec["preset"], spec["tokens"], device, spec["steps"], spec["warmup"],
+                            spec.get("profile", False))
     else:
-        row = decode_measure(spec["preset"], device, spec.get("batch"), spec.get("max_tokens"))
+        row = decode_measure(spec["preset"], device, spec.get("batch"), spec.get("max_tokens"),
+                             spec.get("profile", False))
     queue.put(row)
 
 
@@ -133,9 +169,10 @@ def measure(spec: dict, processes: int) -> dict:
     rows = [queue.get() for _ in workers]
     for w in workers:
         w.join()
-    keys = rows[0].keys()
-    return {key: (sum(r[key] for r in rows) if "/s" in key else statistics.median(r[key] for r in rows))
-            for key in keys}
+    numbers = [key for key in rows[0] if key != "profile"]
+    out = {key: (sum(r[key] for r in rows) if "/s" in key else statistics.median(r[key] for r in rows))
+           for key in numbers}
+    return {**out, **({"profile": rows[0]["profile"]} if "profile" in rows[0] else {})}
 
 
 def probe(device: torch.device, quick: bool = False, steps: int = 30, warmup: int = 10) -> dict:
@@ -146,7 +183,8 @@ def probe(device: torch.device, quick: bool = False, steps: int = 30, warmup: in
     for preset_name, tokens in settings:
         for n in (1,) if quick else PROCESSES:
             spec = {"kind": "train", "preset": preset_name, "tokens": tokens, "device": str(device),
-                    "steps": steps, "warmup": warmup}
+                    "steps": steps, "warmup": warmup,
+                    "profile": n == 1 and (quick or (preset_name, tokens) == PROFILED)}
             rows.append({"measure": "train", "preset": preset_name, "tokens per batch": tokens, "processes": n,
                          **measure(spec, n)})
             print(f"train {preset_name} at {tokens} tokens, {n} process(es): {rows[-1]['ms per update']:.1f} ms "
@@ -155,7 +193,8 @@ def probe(device: torch.device, quick: bool = False, steps: int = 30, warmup: in
     book_tokens = DECODE_TOKENS.get(device.type, DECODE_TOKENS["cpu"])
     batches = ((64, None),) if quick else ((64, None), (None, book_tokens), (None, 4 * book_tokens))
     for batch, max_tokens in batches:
-        spec = {"kind": "decode", "preset": decode, "device": str(device), "batch": batch, "max_tokens": max_tokens}
+        spec = {"kind": "decode", "preset": decode, "device": str(device), "batch": batch, "max_tokens": max_tokens,
+                "profile": batch is not None}
         what = f"batch {batch}" if batch else f"{max_tokens} tokens" + (" (the chapters')" if max_tokens ==
                                                                         book_tokens else "")
         rows.append({"measure": f"decode, beam 5, {what}", "preset": decode, "processes": 1, **measure(spec, 1)})
@@ -173,6 +212,12 @@ def markdown(report: dict) -> str:
     for row in report["rows"]:
         cells = [row.get(c, "–") for c in columns]
         lines.append("| " + " | ".join(f"{c:,.1f}" if isinstance(c, float) else str(c) for c in cells) + " |")
+    for row in report["rows"]:
+        if row.get("profile"):
+            what = f"{row['measure']}, {row['preset']}" + (f" at {row['tokens per batch']} tokens"
+                                                           if "tokens per batch" in row else "")
+            lines += ["", f"Where the time goes ({what}; torch.profiler, the most host time first):", "", "```",
+                      row["profile"].rstrip(), "```"]
     return "\n".join(lines) + "\n"
 
 

@@ -20,5 +20,7 @@ def test_the_quick_probe_times_training_and_decoding_and_writes_its_report(tmp_p
     assert train["measure"] == "train" and train["preset"] == "tiny" and train["updates timed"] == 3
     assert train["ms per update"] > 0 and train["target tokens/s"] > 0
     assert decode["generated tokens/s"] > 0 and report["precision"] == "bf16" and report["quick"]
-    assert "| train | tiny | 512 | 1 |" in next(tmp_path.glob("*.md")).read_text()
+    text = next(tmp_path.glob("*.md")).read_text()
+    assert "| train | tiny | 512 | 1 |" in text
+    assert text.count("Where the time goes") == 2 and "aten::" in train["profile"] and "aten::" in decode["profile"]
     assert probe.book_precision(torch.device("cpu")) == "bf16"
