@@ -30,6 +30,7 @@ PathLike = str | os.PathLike
 # Language codes each data set offers.
 LANGUAGES: dict[str, tuple[str, ...]] = {
     "multi30k": ("en", "de", "fr", "cs"),
+    "multi30k-task2": ("en", "de"),
     "wmt16-17-ape-en-de": ("en", "de"),
     "mlqe-pe-en-de": ("en", "de"),
     "doc-level-en-de": ("en", "de"),
@@ -42,6 +43,8 @@ MULTI30K_SPLITS: dict[str, tuple[str, ...]] = {
     "test_2016_flickr": ("en", "de", "fr", "cs"),
     "test_2017_flickr": ("en", "de", "fr"),
 }
+MULTI30K_TASK2_SPLITS = ("train", "val", "test_2016")  # the same images as task 1's train, val, test_2016_flickr
+TASK2_DESCRIPTIONS = 5  # descriptions of each image in each language
 APE_SPLITS = ("train", "dev", "test")
 APE_DEV_SIZE = 1000   # the 1,000 triplets before the test set
 APE_TEST_SIZE = 1000  # the last 1,000 triplets of train.{src,mt,pe}
@@ -249,6 +252,39 @@ def load_multi30k(split: str, sources: Sequence[str] | str = ("de",), target: st
     columns, skipped = align_columns([read_lines(p) for p in paths], [str(p) for p in paths],
                                      skip_empty=skip_empty)
     return capped(Corpus("multi30k", split, sources, target, columns[:-1], columns[-1], skipped_empty=skipped))
+
+
+@dataclass
+class ImageDescriptions:
+    """Multi30k task 2: for each image, descriptions written independently in each language. The German ones are
+    not translations of the English ones (their writers saw only the image): related documents, no bitext."""
+    split: str
+    images: list[str]  # the image file names, one per row
+    descriptions: dict[str, list[tuple[str, ...]]]  # language -> per image, its TASK2_DESCRIPTIONS descriptions
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+
+def load_multi30k_task2(split: str, langs: Sequence[str] = ("en", "de"), *,
+                        data_dir: PathLike | None = None) -> ImageDescriptions:
+    """Multi30k task 2 (Elliott et al., 2016): 5 English (Flickr30k's) and 5 independent German descriptions of each
+    of train 29,000 / val 1,014 / test_2016 1,000 images, the images of task 1's splits in the same order.
+    `data_dir` is a folder holding `{split}.{k}.{lang}.gz` and `{split}_images.txt`; by default the verified cache
+    copy. Empty descriptions are refused."""
+    _check_choice("multi30k-task2 split", split, MULTI30K_TASK2_SPLITS)
+    for lang in langs:
+        _check_choice("language for multi30k-task2", lang, LANGUAGES["multi30k-task2"])
+    folder = _data_dir("multi30k-task2", data_dir)
+    paths = [folder / f"{split}_images.txt"] + [folder / f"{split}.{k}.{lang}.gz" for lang in langs
+                                                 for k in range(1, TASK2_DESCRIPTIONS + 1)]
+    columns, _ = align_columns([read_lines(p) for p in paths], [str(p) for p in paths],
+                               hint="Multi30k task 2 has a description in every line")
+    keep = dryrun.sentences(len(columns[0]))
+    columns = [column[:keep] for column in columns]
+    per_lang = {lang: columns[1 + i * TASK2_DESCRIPTIONS: 1 + (i + 1) * TASK2_DESCRIPTIONS]
+                for i, lang in enumerate(langs)}
+    return ImageDescriptions(split, columns[0], {lang: list(zip(*cols)) for lang, cols in per_lang.items()})
 
 
 def load_ape(split: str, *, skip_empty: bool = False, data_dir: PathLike | None = None) -> Corpus:

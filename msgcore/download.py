@@ -45,6 +45,39 @@ SHA256: dict[str, str] = {
     "doc-level-en-de/NC-2016/concatenated_en2de_test_en.txt": "9edec9fe1259b7b4802a6e451cc2a8c0d1bc4851dcad24c91f30b79998f801be",
     "mlqe-pe-en-de/en-de-dev.tar.gz": "7ca5e97c00e9733ba97aa70ca03c1ac9840ececcc4a09900262027912d432c4c",
     "mlqe-pe-en-de/en-de-train.tar.gz": "219cdfd4e1d89d47e6136651af5136e3942ee93b4c9c44354b232baa18c75731",
+    "multi30k-task2/test_2016.1.de.gz": "cf83315ea2e76c517fb41553ff25c7128d071397928a6b66a5d81479aeea950b",
+    "multi30k-task2/test_2016.1.en.gz": "bf64274c8e1f73ba57d47409f707a640b3874a06e7e83adfb5a6d4c055bc6b29",
+    "multi30k-task2/test_2016.2.de.gz": "327af090d22ddf624fe638f34e815b249bdfa033e3e48f55474e21d6b28efaa8",
+    "multi30k-task2/test_2016.2.en.gz": "36c12dac199e336e74ebe91c5240a1c6cefce7af2a3f3a2054d184947932bc3c",
+    "multi30k-task2/test_2016.3.de.gz": "b3236b4834c944cd42e6942da9041fee210cb2875574deefd41f130e5651a61b",
+    "multi30k-task2/test_2016.3.en.gz": "2188662d22b01c5ecf7ae6a7c003b45fc83c510d34999c2340078e75088b0f1f",
+    "multi30k-task2/test_2016.4.de.gz": "3843a960dc2c026d5d371c720cce830b6709d03c2f29e17b2923af11497da2c0",
+    "multi30k-task2/test_2016.4.en.gz": "dcb6a0ad2ae40f54a1f9e9f20d3146c7f0a662feece2e78d2d511667bf229f08",
+    "multi30k-task2/test_2016.5.de.gz": "c861f68362c443b07c8f919a9bd8c8ecd7f5fccf2b13bf4d4bd8e7fe8783880e",
+    "multi30k-task2/test_2016.5.en.gz": "60e31317f0d960aed273d8ec527411935fb1ff3dee2c9cc9572259739ff193c0",
+    "multi30k-task2/test_2016_images.txt": "871e8ecafc66fb13e044ecccf669d04a865b4c58553227df86b933f0337a1563",
+    "multi30k-task2/train.1.de.gz": "0002241b52aba5160c08d644ea0d64a9bf46a2dfffcf619c9e3cdaa55b357004",
+    "multi30k-task2/train.1.en.gz": "a0e057f07a9733199c0d755d77f6d583dc6f40a3180734b1130a216e2fdf3a3b",
+    "multi30k-task2/train.2.de.gz": "ac7c29258b90aec0b64d677c5bfc831fc402e6296d0aa9cc7a3433ddbff85c37",
+    "multi30k-task2/train.2.en.gz": "d79dd70a9eafb2d1fe40151621278c4ae69b3c148c5052a53d7c7a41bf3ba023",
+    "multi30k-task2/train.3.de.gz": "ec5e6508813814aa31311b34e26e24f903dd7701f8d0668313259b7f975d7aa0",
+    "multi30k-task2/train.3.en.gz": "86e16fdcc699bcb6bca0f87c3cf1051f7de5ee3674dd588cedc5200194282749",
+    "multi30k-task2/train.4.de.gz": "bcee8ac6eb47d8a7dc8cff47d9a0fbd80b4363cfda22021bacd297f9604221a4",
+    "multi30k-task2/train.4.en.gz": "3771b84e010ad6197806d2a1188cb07c12149e3e0d178dd5966dee5763733686",
+    "multi30k-task2/train.5.de.gz": "dccb0ca6ff25e0b1f0d385f59fb809184e0db89622d88371725e3ec46d43bfc0",
+    "multi30k-task2/train.5.en.gz": "73988689307fe836994eae59735dc840c15da9775455fa76e6ed22606a042a91",
+    "multi30k-task2/train_images.txt": "97ee57e160a46c7d0e75298ebf57967e1245698a6f8806436ff07e61d1a41221",
+    "multi30k-task2/val.1.de.gz": "a6b9ad98bdab8882d2ac40d1bc05db89341947162c07d2d0d27e80f01897ba05",
+    "multi30k-task2/val.1.en.gz": "4ce8f8ffbef4a1c066e3f35a5ffc764666c26c318a733d9bdc6349577f1c6f9c",
+    "multi30k-task2/val.2.de.gz": "dbbf0f8fa54fdb4a3c64d22a1c0773ade3f775c39e4513ab5ca6d683025086dc",
+    "multi30k-task2/val.2.en.gz": "4103944d652127e5af33ba2761d71cb6c0e1509c1a67d4387dc67ad768cfb752",
+    "multi30k-task2/val.3.de.gz": "5eac83b577fe9bc781e60b609545123804e9dd29de4c2bd1b9e178ad8b29a1da",
+    "multi30k-task2/val.3.en.gz": "6ecd848713d98faa9c6db2e9e457a778335358e6e3a4743cf4e929a0516e399a",
+    "multi30k-task2/val.4.de.gz": "1c3054cfd1e47f17d8a20fcec6615cfd26d7dc2c8c4ef4625cd9db9f4e4590ea",
+    "multi30k-task2/val.4.en.gz": "bfab4f0cbdac6233f206bbbfbd324dc02b258e291c3f410a69f9884171008788",
+    "multi30k-task2/val.5.de.gz": "185d6cb907313e6a6eef76f09c657e5748e08ee3c7a5b26200186e171e2c8344",
+    "multi30k-task2/val.5.en.gz": "4b6a6541b7b58d545eff7feead4187aeb0439a7178a7bed6951121e0ecbaee66",
+    "multi30k-task2/val_images.txt": "db26f03eaf833ec47bfaea129ed053b68cbcfc5d1f9a09c4cdf7c88fbfea7108",
     "multi30k/test_2016_flickr.cs.gz": "200a4a74cc9560f051924abb9803be008d1908d77f747e9141aeb86dfd2797f1",
     "multi30k/test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
     "multi30k/test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
@@ -66,6 +99,7 @@ SHA256: dict[str, str] = {
 }
 
 MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/"
+MULTI30K_TASK2_URL = "https://github.com/multi30k/dataset/raw/master/data/task2/"
 APE_URL = "https://github.com/antoniogois/keystrokes_ape/raw/master/data/"
 MLQE_PE_URL = "https://github.com/sheffieldnlp/mlqe-pe/raw/master/data/post-editing/"
 DOC_LEVEL_URL = "https://github.com/sameenmaruf/selective-attn/raw/master/data/"
@@ -73,12 +107,17 @@ DOC_LEVEL_URL = "https://github.com/sameenmaruf/selective-attn/raw/master/data/"
 _MULTI30K_FILES = ([f"{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr")
                     for lang in ("en", "de", "fr", "cs")]
                    + [f"test_2017_flickr.{lang}.gz" for lang in ("en", "de", "fr")])
+_TASK2_SPLITS = ("train", "val", "test_2016")
+_MULTI30K_TASK2_FILES = ([(f"{split}.{k}.{lang}.gz", f"raw/{split}.{k}.{lang}.gz") for split in _TASK2_SPLITS
+                          for k in range(1, 6) for lang in ("en", "de")]
+                         + [(f"{split}_images.txt", f"image_splits/{split}_images.txt") for split in _TASK2_SPLITS])
 _DOC_LEVEL_FILES = [f"{corpus}/concatenated_en2de_{split}_{lang}.txt" for corpus in ("IWSLT2017", "NC-2016", "Europarl7")
                     for split in ("dev", "test") for lang in ("en", "de")]
 
 # dataset name -> [(path relative to the cache / mirror root, public URL)]
 MANIFEST: dict[str, list[tuple[str, str]]] = {
     "multi30k": [(f"multi30k/{name}", MULTI30K_URL + name) for name in _MULTI30K_FILES],
+    "multi30k-task2": [(f"multi30k-task2/{name}", MULTI30K_TASK2_URL + path) for name, path in _MULTI30K_TASK2_FILES],
     "wmt16-17-ape-en-de": [(f"wmt16-17-ape-en-de/train.{ext}", APE_URL + f"train.{ext}")
                            for ext in ("src", "mt", "pe")],
     "mlqe-pe-en-de": [(f"mlqe-pe-en-de/en-de-{split}.tar.gz", MLQE_PE_URL + f"{split}/en-de-{split}.tar.gz")

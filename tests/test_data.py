@@ -220,3 +220,40 @@ def test_the_empty_line_hint_can_name_a_command_line_option(tmp_path):
     (tmp_path / "b").write_text("y\nz\n")
     with pytest.raises(DataError, match=r"a line 2 is empty or only whitespace; pass --skip-empty"):
         data.read_parallel([tmp_path / "a", tmp_path / "b"], hint="pass --skip-empty")
+
+
+def task2_dir(tmp_path: Path, images: int = 2, lines: dict[str, int] | None = None) -> Path:
+    """A Multi30k-task-2-shaped val split: `images` images, 5 descriptions each in en and de."""
+    (tmp_path / "val_images.txt").write_text("".join(f"{i}.jpg\n" for i in range(images)))
+    for lang in ("en", "de"):
+        for k in range(1, 6):
+            n = (lines or {}).get(f"val.{k}.{lang}.gz", images)
+            write_gz(tmp_path / f"val.{k}.{lang}.gz", [f"{lang} description {k} of image {i}" for i in range(n)])
+    return tmp_path
+
+
+def test_task2_groups_five_independent_descriptions_per_image_and_language(tmp_path):
+    d = data.load_multi30k_task2("val", data_dir=task2_dir(tmp_path))
+    assert len(d) == 2 and d.images == ["0.jpg", "1.jpg"] and set(d.descriptions) == {"en", "de"}
+    assert d.descriptions["de"][1] == tuple(f"de description {k} of image 1" for k in range(1, 6))
+    assert data.load_multi30k_task2("val", ("de",), data_dir=tmp_path).descriptions.keys() == {"de"}
+
+
+def test_task2_refuses_a_short_file_an_unknown_split_and_a_language_it_lacks(tmp_path):
+    folder = task2_dir(tmp_path, lines={"val.3.de.gz": 1})
+    with pytest.raises(DataError, match=r"val_images.txt has 2 lines but .*val.3.de.gz has 1 lines"):
+        data.load_multi30k_task2("val", data_dir=folder)
+    with pytest.raises(DataError, match="test_2016"):
+        data.load_multi30k_task2("test_2016_flickr", data_dir=folder)
+    with pytest.raises(DataError, match="fr"):
+        data.load_multi30k_task2("val", ("fr",), data_dir=folder)
+
+
+@needs_mirror
+def test_real_task2_describes_task1s_images_without_translating_them(tmp_path_factory):
+    folder = download.ensure("multi30k-task2", cache=tmp_path_factory.mktemp("cache"))
+    d = data.load_multi30k_task2("val", data_dir=folder)
+    task1 = data.load_multi30k("val", "de", "en")
+    assert len(d) == len(task1) == 1014 and all(len(row) == 5 for row in d.descriptions["de"])
+    assert sum(task1.target[i] in d.descriptions["en"][i] for i in range(len(d))) > 0.9 * len(d)  # Flickr30k's
+    assert sum(task1.sources[0][i] in d.descriptions["de"][i] for i in range(len(d))) < 0.01 * len(d)  # no bitext

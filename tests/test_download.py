@@ -85,7 +85,7 @@ def test_no_mirror_and_no_network_names_both_ways_out(toy_dataset, tmp_path, mon
 
 
 def test_unknown_dataset_lists_known_ones(tmp_path):
-    with pytest.raises(DataError, match="unknown dataset 'multi31k'; known datasets: multi30k, wmt16-17-ape-en-de"):
+    with pytest.raises(DataError, match="unknown dataset 'multi31k'; known datasets: multi30k, multi30k-task2, wmt16-17-ape-en-de"):
         download.ensure("multi31k", cache=tmp_path)
 
 
