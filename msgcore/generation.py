@@ -58,10 +58,11 @@ def banned_ngram_tokens(tokens: Tensor, n: int) -> Tensor:
 
 
 def apply_constraints(logp: Tensor, tokens: Tensor, step: int, max_len: Tensor, eos_id: int,
-                      forbidden: list[int], cfg: GenerationConfig) -> Tensor:
-    """Mask log-probs (N, V) for min/max length, special tokens and n-gram repeats."""
+                      forbidden: Tensor, cfg: GenerationConfig) -> Tensor:
+    """Mask log-probs (N, V) for min/max length, special tokens (`forbidden`, ids on logp's device) and n-gram
+    repeats."""
     eos_logp = logp[:, eos_id].clone()
-    logp[:, forbidden] = float("-inf")
+    logp.index_fill_(1, forbidden, float("-inf"))
     if step + 1 < cfg.min_len:
         logp[:, eos_id] = float("-inf")
     if cfg.no_repeat_ngram > 0 and tokens.size(1) >= cfg.no_repeat_ngram:
@@ -69,9 +70,10 @@ def apply_constraints(logp: Tensor, tokens: Tensor, step: int, max_len: Tensor, 
         rows = torch.arange(tokens.size(0), device=tokens.device).unsqueeze(1).expand_as(banned)
         logp[rows[matches], banned[matches]] = float("-inf")
     at_limit = step + 1 >= max_len  # (N,) the next token must be </s>
-    if at_limit.any():  # most steps have no row at its limit: skip two passes over (N, V)
-        logp[at_limit] = float("-inf")
-        logp[at_limit, eos_id] = eos_logp[at_limit]  # keep its real log-prob so scores stay comparable
+    if logp.device.type == "cpu" and not at_limit.any():  # most steps have no row at its limit: a CPU skips two
+        return logp  # passes over (N, V); on a GPU the check would wait for the device, and the passes cost little
+    logp.masked_fill_(at_limit.unsqueeze(1), float("-inf"))
+    logp[:, eos_id] = torch.where(at_limit, eos_logp, logp[:, eos_id])  # keep its real log-prob: scores comparable
     return logp
 
 
@@ -93,10 +95,11 @@ def greedy_search(model, sources: list[Tensor], source_masks: list[Tensor], pref
     max_len = max_lengths(source_masks, cfg)
     tokens = torch.full((B, 1), prefix_id, dtype=torch.long, device=device)  # (B, 1)
     finished = torch.zeros(B, dtype=torch.bool, device=device)
+    forbidden_ids = torch.tensor(list(forbidden), dtype=torch.long, device=device)
     cache = None
     for step in range(int(max_len.max())):
         logp, cache = step_log_probs(model, tokens, memory, cache, step)
-        logp = apply_constraints(logp, tokens, step, max_len, eos_id, list(forbidden), cfg)
+        logp = apply_constraints(logp, tokens, step, max_len, eos_id, forbidden_ids, cfg)
         next_token = logp.argmax(-1).masked_fill(finished, eos_id)  # (B,)
         tokens = torch.cat([tokens, next_token.unsqueeze(1)], dim=1)
         finished |= next_token == eos_id
@@ -128,10 +131,11 @@ def beam_search(model, sources: list[Tensor], source_masks: list[Tensor], prefix
     scores[:, 0] = 0.0  # all beams start identical: keep one alive so candidates are distinct
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
     live = list(range(B))  # the sentence each row block of the batch belongs to
+    forbidden_ids = torch.tensor(list(forbidden), dtype=torch.long, device=device)
     cache = None
     for step in range(int(max_len.max())):
         logp, cache = step_log_probs(model, tokens, memory, cache, step)
-        logp = apply_constraints(logp, tokens, step, max_len, eos_id, list(forbidden), cfg)
+        logp = apply_constraints(logp, tokens, step, max_len, eos_id, forbidden_ids, cfg)
         cand_scores, cand_beam, cand_token = best_candidates(scores, logp, 2 * k)  # (B', 2k) each
         is_eos = (cand_token == eos_id) & torch.isfinite(cand_scores)
         finish_hypotheses([finished[b] for b in live], tokens, cand_scores, cand_beam, is_eos, step, k,
@@ -206,15 +210,18 @@ def topk_in_chunks(x: Tensor, n: int, chunk: int = 64) -> tuple[Tensor, Tensor]:
 
 def finish_hypotheses(finished, tokens: Tensor, cand_scores: Tensor, cand_beam: Tensor, is_eos: Tensor,
                       step: int, k: int, len_penalty: float) -> None:
-    """Move </s> candidates ranked within the top k into each sentence's finished list (one per batch position)."""
-    top_k = torch.zeros_like(is_eos)
-    top_k[:, :k] = True
-    for b, rank in (is_eos & top_k).nonzero().tolist():
-        if len(finished[b]) >= k:
+    """Move </s> candidates ranked within the top k into each sentence's finished list (one per batch position).
+    The candidates' hypotheses and scores come to the host in one copy each, not one per hypothesis."""
+    pairs = is_eos[:, :k].nonzero()  # (M, 2): (batch position, rank) of each </s> candidate within the top k
+    if pairs.numel() == 0:
+        return
+    b, rank = pairs.unbind(1)
+    hypotheses = tokens[b * k + cand_beam[b, rank], 1:].tolist()
+    scores = cand_scores[b, rank].tolist()
+    for (position, _), hypothesis, score in zip(pairs.tolist(), hypotheses, scores):
+        if len(finished[position]) >= k:
             continue  # this sentence is done; its remaining beams are ignored
-        hypothesis = tokens[b * k + cand_beam[b, rank], 1:].tolist()
-        score = cand_scores[b, rank].item() / (step + 1) ** len_penalty
-        finished[b].append((score, hypothesis))
+        finished[position].append((score / (step + 1) ** len_penalty, hypothesis))
 
 
 def next_beams(cand_scores: Tensor, cand_beam: Tensor, cand_token: Tensor, is_eos: Tensor,

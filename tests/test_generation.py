@@ -3,7 +3,7 @@ import itertools
 
 import torch
 
-from msgcore.generation import GenerationConfig, banned_ngram_tokens, beam_search, greedy_search
+from msgcore.generation import GenerationConfig, apply_constraints, banned_ngram_tokens, beam_search, greedy_search
 from msgcore.model import Transformer, preset
 
 BOS, EOS = 2, 3
@@ -223,3 +223,15 @@ def test_beam_search_over_chunked_candidates_equals_one_topk_over_all(monkeypatc
     monkeypatch.setattr(generation, "topk_in_chunks", lambda x, n: x.topk(n, dim=1))
     assert chunked == beam_search(model, srcs, masks, BOS, EOS, cfg, forbidden=[0, 1, 2])
     assert all(len(hypothesis) > 0 for hypothesis in chunked)
+
+
+def test_constraints_mask_forbidden_ids_and_leave_only_eos_at_the_length_limit():
+    logp = torch.log_softmax(torch.randn(3, 6), dim=-1)
+    expected = logp.clone()
+    out = apply_constraints(logp.clone(), torch.zeros(3, 2, dtype=torch.long), step=4,
+                            max_len=torch.tensor([5, 9, 5]), eos_id=3, forbidden=torch.tensor([0, 1]),
+                            cfg=GenerationConfig())
+    assert torch.isinf(out[:, :2]).all()  # forbidden everywhere
+    assert torch.equal(out[1, 2:], expected[1, 2:])  # a row below its limit keeps every other log-prob
+    for row in (0, 2):  # at the limit: only </s>, with its own log-prob (scores stay comparable)
+        assert out[row, 3] == expected[row, 3] and torch.isinf(out[row, [0, 1, 2, 4, 5]]).all()
