@@ -227,8 +227,9 @@ def run_parallel(steps: list[Step], env: dict, deadline: float) -> list[Step]:
 
 def run(out: Path, chapters: list[str], scale: str, device: str = "cuda", bundle: Path = BUNDLE, seed: int = 0,
         parts: int = 3, deadline_min: float = 8.0, smoke: bool = True, dry_run: bool = False,
-        probe: bool = False, cache: Path = CACHE) -> Path:
-    """Everything `python -m msgcore.offline run` does; returns the evidence archive (written whatever happened).
+        probe: bool = False, cache: Path = CACHE) -> tuple[Path, list[str]]:
+    """Everything `python -m msgcore.offline run` does; returns the evidence archive (written whatever happened) and
+    the steps that failed or were cut off (empty when all went through).
     With `probe`, the throughput probe (msgcore.probe) runs first, and its report comes back with the evidence.
     The runs go to `cache`, where a later command on the same machine finds them."""
     deadline = time.monotonic() + 60 * deadline_min
@@ -258,34 +259,37 @@ def run(out: Path, chapters: list[str], scale: str, device: str = "cuda", bundle
         steps += run_parallel([Step(f"{chapter} part {i}/{parts}", c) for i, c in enumerate(commands)], env, deadline)
     steps.append(run_step(Step(f"chapters at {scale}", [*book, "--scale", scale, "--seed", str(seed), "--out",
                                                           str(work / "run"), *caps]), env, deadline))
-    archive = pack(out / "evidence.tar.gz", work / "run", cache, chapters)
+    archive = pack(out / "evidence.tar.gz", work / "run", cache, chapters, probe)
     (out / "summary.txt").write_text(summary(steps, archive))
     shutil.rmtree(work, ignore_errors=True)
-    return archive
+    return archive, [s.name for s in steps if s.returncode != 0 or s.timed_out]
 
 
-def evidence_files(run_dir: Path, cache: Path, chapters: list[str]) -> list[tuple[Path, str]]:
+def evidence_files(run_dir: Path, cache: Path, chapters: list[str], probe: bool = False) -> list[tuple[Path, str]]:
     """(file, name in the archive) for every piece of evidence a run left: the chapters' executed notebooks (whole
-    or cut off at the deadline), their results files, every cache entry's log.json and meta.json."""
+    or cut off at the deadline), their results files, the probe's report (when it ran), and every cache entry's
+    log.json and meta.json (a dry run's entries sit one folder deeper, under its caps)."""
     files = []
     for chapter in chapters:
         for path, name in ((run_dir / "book" / f"{chapter}.ipynb", f"book/{chapter}.ipynb"),
                            (run_dir / "book" / "results" / f"{chapter}.json", f"book/results/{chapter}.json")):
             if path.is_file():
                 files.append((path, name))
-    probe = run_dir / "book" / "benchmarks" / "probe"
-    files += [(path, f"book/benchmarks/probe/{path.name}") for path in sorted(probe.glob("*.*")) if path.is_file()]
-    for entry in sorted(cache.iterdir()) if cache.is_dir() else []:
+    reports = run_dir / "book" / "benchmarks" / "probe"
+    if probe:
+        files += [(path, f"book/benchmarks/probe/{path.name}") for path in sorted(reports.glob("*.*")) if path.is_file()]
+    entries = sorted({meta.parent for pattern in ("*/meta.json", "*/*/meta.json") for meta in cache.glob(pattern)})
+    for entry in entries if cache.is_dir() else []:
         for kind in ("log.json", "meta.json"):
-            if entry.is_dir() and (entry / kind).is_file():
+            if (entry / kind).is_file():
                 files.append((entry / kind, f"book/logs/{entry.name}/{kind}"))
     return files
 
 
-def pack(archive: Path, run_dir: Path, cache: Path, chapters: list[str]) -> Path:
+def pack(archive: Path, run_dir: Path, cache: Path, chapters: list[str], probe: bool = False) -> Path:
     """The evidence as one gzipped tar (never a checkpoint); refused when it would not come back (over 15 MiB)."""
     with atomic_write(archive, "wb") as f, tarfile.open(fileobj=f, mode="w:gz") as tar:
-        for path, name in evidence_files(run_dir, cache, chapters):
+        for path, name in evidence_files(run_dir, cache, chapters, probe):
             tar.add(path, arcname=name)
     if archive.stat().st_size > EVIDENCE_LIMIT:
         raise MsgcoreError(f"{archive} is {archive.stat().st_size / 2 ** 20:.1f} MiB: over what may come back")
@@ -389,12 +393,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "stage":
             size = stage(args.bundle, with_wheels=not args.no_wheels)
-            print(f"{args.bundle}: {size / 2 ** 20:.1f} MiB (wheels, data, commit)")
+            print(f"{args.bundle}: {size / 2 ** 20:.1f} MiB ({'wheels, ' if not args.no_wheels else ''}data, commit)")
         elif args.command == "run":
-            archive = run(args.out, args.chapter, args.scale, args.device, args.bundle, args.seed, args.parts,
-                          args.deadline_min, not args.no_smoke, args.dry_run, args.probe, args.cache)
+            archive, failed = run(args.out, args.chapter, args.scale, args.device, args.bundle, args.seed,
+                                  args.parts, args.deadline_min, not args.no_smoke, args.dry_run, args.probe, args.cache)
             print((args.out / "summary.txt").read_text(), end="")
             print(f"evidence: {archive}")
+            if failed:
+                print(f"error: {', '.join(failed)} did not finish cleanly (the evidence is packed all the same)",
+                      file=sys.stderr)
+                return 1
         else:
             for name in unpack(args.archive, args.root):
                 print(f"wrote {name}")

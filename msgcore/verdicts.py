@@ -367,8 +367,9 @@ class RunRecord:
         return True, ""
 
     def same_training(self, other: RunRecord) -> bool:
-        """True when two records hold the same training (a copy filed under another seed id)."""
-        return any(len(s.dev_curve) >= 2 for s in self.stages) and self.stages == other.stages
+        """True when two records hold the same training (a copy filed under another seed id). A dev curve that never
+        moves (every validation the same score, as a capped dry run's) tells no run from another: not a copy."""
+        return any(len({score for _, score in s.dev_curve}) >= 2 for s in self.stages) and self.stages == other.stages
 
 
 @dataclass

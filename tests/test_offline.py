@@ -117,16 +117,21 @@ def test_pack_takes_notebooks_results_and_logs_never_a_checkpoint(tmp_path):
     (run_dir / "book" / "benchmarks" / "probe").mkdir(parents=True)
     for name in ("nvidia-h100.json", "nvidia-h100.md"):
         (run_dir / "book" / "benchmarks" / "probe" / name).write_text("{}")
-    (cache / "run-abc").mkdir(parents=True)
-    for name in ("log.json", "meta.json", "best.pt", "last.pt"):
-        (cache / "run-abc" / name).write_text("{}")
-    archive = offline.pack(tmp_path / "e.tar.gz", run_dir, cache, ["ch05_coverage_nat"])
+    for entry in (cache / "run-abc", cache / "capped-u2-s24" / "run-dry"):  # a dry run's entries, under its caps
+        entry.mkdir(parents=True)
+        for name in ("log.json", "meta.json", "best.pt", "last.pt"):
+            (entry / name).write_text("{}")
+    archive = offline.pack(tmp_path / "e.tar.gz", run_dir, cache, ["ch05_coverage_nat"], probe=True)
+    logs = ["book/logs/run-abc/log.json", "book/logs/run-abc/meta.json", "book/logs/run-dry/log.json",
+            "book/logs/run-dry/meta.json"]
     with tarfile.open(archive) as tar:
         assert sorted(tar.getnames()) == ["book/benchmarks/probe/nvidia-h100.json",
                                           "book/benchmarks/probe/nvidia-h100.md", "book/ch05_coverage_nat.ipynb",
-                                          "book/logs/run-abc/log.json", "book/logs/run-abc/meta.json",
-                                          "book/results/ch05_coverage_nat.json"]
+                                          *logs, "book/results/ch05_coverage_nat.json"]
     assert offline.checked_members(archive)  # what run packs, unpack takes
+    without_probe = offline.pack(tmp_path / "f.tar.gz", run_dir, cache, ["ch05_coverage_nat"])
+    with tarfile.open(without_probe) as tar:  # the book's own probe reports are not this run's evidence
+        assert not [name for name in tar.getnames() if "probe" in name]
 
 
 def test_a_step_past_the_deadline_is_killed_and_says_so(tmp_path):
@@ -159,9 +164,25 @@ def test_a_second_command_finds_the_runs_the_first_left_in_its_cache(tmp_path, m
     monkeypatch.setattr(offline, "device_report", lambda: "no device")
     cache = tmp_path / "cache"
     for i in (1, 2):
-        archive = offline.run(tmp_path / f"out{i}", ["ch00_transformer_baseline"], "small", "cpu",
-                              tmp_path / "bundle", parts=1, smoke=False, cache=cache)
+        archive, failed = offline.run(tmp_path / f"out{i}", ["ch00_transformer_baseline"], "small", "cpu",
+                                      tmp_path / "bundle", parts=1, smoke=False, cache=cache)
+        assert failed == []
     assert seen == [str(cache.resolve())] * 2
     with tarfile.open(archive) as tar:
         assert sorted(tar.getnames()) == ["book/logs/run-1/log.json", "book/logs/run-1/meta.json",
                                           "book/logs/run-2/log.json", "book/logs/run-2/meta.json"]
+
+
+def test_a_chapter_that_fails_makes_the_command_fail_after_packing_its_evidence(tmp_path, monkeypatch):
+    def failing(step, env, deadline):
+        step.returncode, step.minutes = 1, 0.1
+        return step
+
+    monkeypatch.setattr(offline, "run_step", failing)
+    monkeypatch.setattr(offline, "install_wheels", lambda bundle, site: False)
+    monkeypatch.setattr(offline, "device_report", lambda: "no device")
+    code = offline.main(["run", "--out", str(tmp_path / "out"), "--chapter", "ch00_transformer_baseline",
+                         "--device", "cpu", "--bundle", str(tmp_path / "bundle"), "--cache", str(tmp_path / "cache"),
+                         "--parts", "1", "--no-smoke"])
+    assert code == 1 and (tmp_path / "out" / "evidence.tar.gz").is_file()
+    assert "exit 1" in (tmp_path / "out" / "summary.txt").read_text()

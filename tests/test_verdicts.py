@@ -82,6 +82,13 @@ def test_one_run_copied_under_three_seed_ids_is_refused():
         system("A", [31.4, 31.2], runs=[RunRecord(0, (CONVERGED,)), RunRecord(0, (STILL_RISING,))])
 
 
+def test_runs_whose_dev_curves_never_move_are_not_taken_for_copies():
+    """A capped dry run's seeds can log the same flat curve (BLEU 0 at every validation) and the same budgets."""
+    flat = V.Stage("training", ((100, 0.0), (200, 0.0), (300, 0.0)), 300, 3000, 2700, False)
+    assert not RunRecord(0, (flat,)).same_training(RunRecord(1, (flat,)))
+    system("A", [0.0, 0.0], runs=[RunRecord(0, (flat,)), RunRecord(1, (flat,))])  # accepted
+
+
 def test_a_seed_given_twice_in_a_results_file_is_refused(tmp_path):
     path = tmp_path / "r.json"
     path.write_text('{"scores": {"0": 31.4, "0": 35.0}}')
