@@ -359,7 +359,7 @@ def score(args) -> None:
 
 # ---------------------------------------------------------------------------- parser
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> OneLineParser:
     parser = OneLineParser(prog="python -m msgcore", description=__doc__.splitlines()[0],
                            formatter_class=HelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -444,10 +444,9 @@ def interrupted(args) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exit_:  # --help (0) or a usage error (2, already printed)
-        return exit_.code if isinstance(exit_.code, int) else 2
+    args = build_parser().parse_or_exit_code(argv)
+    if isinstance(args, int):
+        return args
     try:
         {"train": train, "translate": translate, "score": score}[args.command](args)
     except MsgcoreError as error:

@@ -847,10 +847,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="book/benchmarks",
                         help="folder for <device>.json and .md (the book's appendix reads it)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:  # --help (0) or a usage error (2, already printed as one line)
-        return exit_.code if isinstance(exit_.code, int) else 2
+    args = parser.parse_or_exit_code(argv)
+    if isinstance(args, int):
+        return args
     if args.worker:
         job = json.loads(args.worker)
         cfg = BenchConfig(**job["cfg"])

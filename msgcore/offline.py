@@ -386,10 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     up = commands.add_parser("unpack", help="write an evidence archive into book/ and regenerate README")
     up.add_argument("archive", type=Path)
     up.add_argument("--root", type=Path, default=REPO_ROOT, help="the checkout to write into")
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:
-        return exit_.code if isinstance(exit_.code, int) else 2
+    args = parser.parse_or_exit_code(argv)
+    if isinstance(args, int):
+        return args
     try:
         if args.command == "stage":
             size = stage(args.bundle, with_wheels=not args.no_wheels)

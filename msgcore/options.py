@@ -54,6 +54,14 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
+    def parse_or_exit_code(self, argv: list[str] | None = None) -> argparse.Namespace | int:
+        """The parsed arguments, or the exit status a `main` returns instead: 0 after --help, 2 after a usage error
+        (already printed as one line)."""
+        try:
+            return self.parse_args(argv)
+        except SystemExit as exit_:
+            return exit_.code if isinstance(exit_.code, int) else 2
+
 
 def seed_option(text: str) -> int:
     """An argparse type: a seed every generator accepts (0 to 2**32 - 1)."""

@@ -1,6 +1,6 @@
 """The throughput probe: what one update and one beam-5 decode cost on this device, on the book's own code path.
 
-    python -m msgcore.probe                    # the device's probe (2 minutes on an H200) into book/benchmarks/probe/
+    python -m msgcore.probe                    # into book/benchmarks/probe/ (its first version: 2.1 min on an H200)
     python -m msgcore.probe --quick            # a few updates of the `tiny` preset: a check of the path, no numbers
 
 Each measurement runs in a fresh worker process. A training setting (preset, tokens per batch) times
@@ -228,10 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", type=device_option, default="auto")
     parser.add_argument("--quick", action="store_true", help="tiny preset, a few updates: a check of the path")
     parser.add_argument("--out", type=Path, default=REPORTS, help="folder of the report (<device>.json and .md)")
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:
-        return exit_.code if isinstance(exit_.code, int) else 2
+    args = parser.parse_or_exit_code(argv)
+    if isinstance(args, int):
+        return args
     try:
         device = resolve_device(args.device)
         report = probe(device, args.quick)

@@ -475,3 +475,16 @@ def test_the_default_recipe_overfits_the_synthetic_corpus(tmp_path):
                  "--max-steps", "300", "--max-epochs", "1000", "--validate-every", "150", "--out", str(out)]) == 0
     best = load_checkpoint(out / "best.pt")["state"]["best_bleu"]
     assert best > 90
+
+
+@pytest.mark.parametrize("module", ["msgcore.__main__", "msgcore.offline", "msgcore.probe", "msgcore.bench",
+                                    "msgcore.experiments.__main__"])
+def test_every_entry_point_returns_0_after_help_and_2_after_a_usage_error_in_one_line(module, capsys):
+    import importlib
+
+    entry = importlib.import_module(module).main
+    assert entry(["--help"]) == 0
+    capsys.readouterr()
+    assert entry(["--no-such-option"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "--help" in err

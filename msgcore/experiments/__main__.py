@@ -152,10 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--part", type=part_option, default=(0, 1), metavar="i/N",
                         help="train the i-th of N shares of the chapters' seeds (N processes side by side)")
     add_cap_options(parser)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:  # --help (0) or a usage error (2, already printed as one line)
-        return exit_.code if isinstance(exit_.code, int) else 2
+    args = parser.parse_or_exit_code(argv)
+    if isinstance(args, int):
+        return args
     try:
         if args.pack:
             check_writable_file(args.pack, "--pack")  # before hours of training, not after
