@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 from msgcore.utils import MsgcoreError, atomic_write
-from msgcore.verdicts import VERDICTS, ProtocolError, load_json
+from msgcore.verdicts import DECIDED, VERDICTS, ProtocolError, cell_html, claim_from_dict, load_json, \
+    observed_interval, system_from_dict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "book" / "results"
@@ -92,6 +93,23 @@ def counts(results: dict[str, dict]):
     return pd.DataFrame(rows, columns=["chapter", "scale", "commit", "status", "claims", *VERDICTS])
 
 
+def overview(results: dict[str, dict]):
+    """One short row per chapter: its claims, how many are decided, how many have evidence but no verdict yet, how
+    many were not run, and the run its results come from (current or stale)."""
+    import pandas as pd
+
+    rows = []
+    for stem, data in results.items():
+        verdicts = [claim["verdict"] for claim in data["claims"]]
+        decided = sum(verdicts.count(name) for name in DECIDED)
+        rows.append({"chapter": data["chapter"], "claims": len(verdicts), "decided": decided,
+                     "no verdict yet": len(verdicts) - decided - verdicts.count("not run"),
+                     "not run": verdicts.count("not run"),
+                     "results": f"`{data['scale']}` at {data['commit']}, "
+                                f"{'current' if not stale(stem, data) else 'stale'}"})
+    return pd.DataFrame(rows, columns=["chapter", "claims", "decided", "no verdict yet", "not run", "results"])
+
+
 def claims(results: dict[str, dict]):
     """Every claim of the book: chapter, id, the paper's figure, ours, which way ours points, the verdict (marked
     when its chapter's results are stale) and its reason."""
@@ -142,6 +160,121 @@ def systems(results: dict[str, dict]):
             rows.append({"chapter": data["chapter"], "system": system["name"], "seeds": seeds,
                          "updates": "–" if updates is None else f"{updates:,}", "scores": text or "–"})
     return pd.DataFrame(rows, columns=["chapter", "system", "seeds", "updates", "scores"])
+
+
+# ---- the scoreboard page: per chapter, one line of what its evidence says, then its claims in a table that fits
+
+# The protocol's reasons by their first words (msgcore.verdicts.judge), and what they mean in plain words.
+PLAIN_REASONS = (
+    ("not run", "not run at this scale"),
+    ("under-trained", "runs still improving"),
+    ("unequal budgets", "unequal training budgets"),
+    ("below floor", "a system no better than a trivial output"),
+    ("below its own single-source", "below its own single-source baseline"),
+    ("gate failed", "a sanity check failed"),
+    ("no evidence", "training records missing"),
+)
+PLAIN_VERDICT_REASONS = {"reproduced": "", "smaller effect": "smaller than half the paper's effect",
+                         "inconclusive": "the interval is too wide to tell"}
+TOWARDS, AGAINST = "towards the paper", "against the paper"
+
+
+def plain_reason(claim: dict) -> str:
+    """Why a claim has no verdict, or what its verdict rests on, in a few plain words."""
+    reason, verdict = claim.get("reason", ""), claim["verdict"]
+    if verdict == "indicative":
+        return reason.split(":")[0]  # "1 seed (a verdict needs 3)"
+    if verdict in PLAIN_VERDICT_REASONS:
+        return PLAIN_VERDICT_REASONS[verdict]
+    if verdict == "not reproduced":
+        return "the effect points the other way" if "the other way" in reason else \
+            "no effect of the paper's size" if "inside ±" in reason else "short of the paper's level"
+    return next((plain for start, plain in PLAIN_REASONS if reason.startswith(start)), reason.split(":")[0])
+
+
+def direction(claim: dict) -> str:
+    """Which way our figures point ("towards the paper" / "against the paper", '–' without evidence); marked
+    "(no verdict)" where the protocol does not allow one."""
+    leans = claim.get("leans", "")
+    if not leans:
+        return "–"
+    text = TOWARDS if leans.startswith("towards") else AGAINST
+    return text if claim["verdict"] in DECIDED else f"{text} (no verdict)"
+
+
+def interval(claim: dict, systems: dict) -> list[float] | None:
+    """The claim's stored 95% interval, or the one its evidence gives when the protocol allowed no verdict."""
+    if claim.get("interval") and None not in claim["interval"]:
+        return claim["interval"]
+    if not claim.get("declaration") or not systems:
+        return None
+    return observed_interval(claim_from_dict(claim["declaration"]), systems)
+
+
+def ours_text(claim: dict, systems: dict) -> str:
+    """Our delta with its 95% interval ("+1.46 BLEU [+0.38, +2.54]"), or the claim's own evidence line without one."""
+    bounds = interval(claim, systems)
+    if bounds is None:
+        return claim.get("ours") or "–"
+    metric = claim.get("declaration", {}).get("metric", "")
+    what = "" if claim["declaration"].get("kind") == "threshold" else "Δ "
+    mean, low, high = bounds
+    return f"{what}{mean:+.2f} {metric}, 95% CI [{low:+.2f}, {high:+.2f}]".replace("  ", " ")
+
+
+def chapter_claims(stem: str, data: dict):
+    """One chapter's claims, a row each: the claim, the paper's figure, ours with its interval, which way ours
+    points, the verdict (marked when the chapter's results are stale) and why, in plain words."""
+    import pandas as pd
+
+    systems = {}
+    if data.get("protocol") is not None:
+        systems = {d["name"]: system_from_dict(d) for d in data["systems"] if "measures" in d}
+    mark = "" if not stale(stem, data) else " (stale)"
+    rows = [{"claim": f"{c['id']}: {c['claim']}", "paper": c["paper"], "ours": ours_text(c, systems),
+             "ours points": direction(c), "verdict": c["verdict"] + mark, "why": plain_reason(c)}
+            for c in data["claims"]]
+    return pd.DataFrame(rows, columns=["claim", "paper", "ours", "ours points", "verdict", "why"])
+
+
+def chapter_summary(stem: str, data: dict) -> str:
+    """What a chapter's evidence says so far, in one line: how many claims are decided, which way the others point,
+    and what stands in the way of the rest."""
+    from collections import Counter
+
+    claims_ = data["claims"]
+    decided = Counter(c["verdict"] for c in claims_ if c["verdict"] in DECIDED)
+    leaning = Counter(direction(c).split(" (")[0] for c in claims_ if c.get("leans") and c["verdict"] not in DECIDED)
+    blocks = Counter(plain_reason(c) for c in claims_ if c["verdict"] not in DECIDED)
+    parts = [f"{sum(decided.values())} of {len(claims_)} claims decided" +
+             (f" ({', '.join(f'{n} {v}' for v, n in decided.most_common())})" if decided else "")]
+    if leaning:
+        parts.append(f"without a verdict, {leaning[TOWARDS]} point towards the paper and {leaning[AGAINST]} "
+                     f"against it")
+    if blocks:
+        parts.append("in the way: " + ", ".join(f"{why} ({n})" for why, n in blocks.most_common()))
+    reasons = stale(stem, data)
+    if reasons:
+        parts.append(f"stale: {reasons[0]}")
+    return f"{data['chapter']}: " + "; ".join(parts) + "."
+
+
+def html_table(frame) -> str:
+    """A plain HTML table (a header row, then a row each) whose cells are `html_text`."""
+    head = "".join(f"<th>{cell_html(c)}</th>" for c in frame.columns)
+    body = "".join("<tr>" + "".join(f"<td>{cell_html(v)}</td>" for v in row) + "</tr>"
+                   for row in frame.itertuples(index=False))
+    return f'<table class="msgcore-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def chapter_sections(results: dict[str, dict]) -> str:
+    """The scoreboard page's body as HTML: per chapter, its one-line summary, then its claims folded away."""
+    sections = []
+    for stem, data in results.items():
+        table = html_table(chapter_claims(stem, data)) if data["claims"] else "<p>This chapter declares no claims.</p>"
+        sections.append(f"<p>{cell_html(chapter_summary(stem, data))}</p><details><summary>{len(data['claims'])} "
+                        f"claims of {cell_html(data['chapter'])}</summary>{table}</details>")
+    return "\n".join(sections)
 
 
 def markdown_table(frame) -> str:

@@ -48,9 +48,11 @@ so that `rejudge` can apply a later version of these rules without any retrainin
 """
 from __future__ import annotations
 
+import html
 import json
 import math
 import numbers
+import re
 import statistics
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -811,6 +813,21 @@ def interval_verdict(evidence: Evidence, m: float, effect: str) -> tuple[str, st
     return INCONCLUSIVE, f"{text}{effect_text}", shown, test_se
 
 
+def observed_interval(claim: Claim, systems: dict[str, System]) -> list[float] | None:
+    """[mean, low, high]: the 95% interval of the claim's delta (its system's value, for a threshold) from whatever
+    evidence there is, whatever the verdict: how far our runs point, for a reader, never a verdict. None when a
+    compared system is missing or has one seed."""
+    found = {name: systems[name] for name in (claim.system, claim.baseline) if name and name in systems}
+    try:
+        evidence = gather(claim, found)
+    except (KeyError, AttributeError, ProtocolError):
+        return None
+    if len(evidence.seeds) < 2:
+        return None
+    test_se = float(np.std(evidence.replicate_means, ddof=1)) if evidence.replicate_means is not None else 0.0
+    return list(mean_interval(evidence.samples, test_se))
+
+
 def budget_statement(evidence: Evidence, equal_budget: bool) -> str:
     """How fast each system learns within an equal budget, when neither has converged: which is ahead on dev (in the
     dev metric's own direction, which may differ from the claim's) at half the last stage's budget and at all of it
@@ -1070,7 +1087,8 @@ def show_table(frame, index: bool = False):
 def number_formatter(column):
     """How a table column's numbers are written: a column of whole numbers as integers with thousands separators
     ("1,000", not "1000.00"), others with two decimals, a small non-zero one (|x| < 0.01, e.g. a learning rate)
-    with three significant digits ("5e-04" stays "0.0005"), a missing one as "–"; anything else as it is."""
+    with three significant digits ("5e-04" stays "0.0005"), a missing one as "–"; anything else as HTML text
+    (`cell_html`)."""
     def is_number(value) -> bool:
         return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
@@ -1079,7 +1097,7 @@ def number_formatter(column):
 
     def text(value):
         if not is_number(value):
-            return "–" if value is None else str(value)
+            return "–" if value is None else cell_html(value)
         if value != value:
             return "–"
         if whole:
@@ -1088,6 +1106,12 @@ def number_formatter(column):
             return f"{value:.3g}" if abs(value) >= 1e-4 else f"{value:.2e}"
         return f"{value:,.2f}"
     return text
+
+
+def cell_html(value) -> str:
+    """A table cell's text as HTML: escaped (a `<sep>` piece shows as written), with Markdown's code spans as
+    <code>, never as literal backticks."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(str(value), quote=False))
 
 
 def cpu_hours(runs: int, updates: int, seconds_per_update: float) -> str:

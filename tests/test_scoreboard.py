@@ -109,3 +109,46 @@ def test_statements_are_kept_apart_from_the_verdicts(tmp_path: Path) -> None:
     assert list(scoreboard.statements(results)["id"]) == ["c0"]
     block = scoreboard.readme_block(results)
     assert "statements, not verdicts" in block and block.index("statements") > block.index("Every claim")
+
+
+def seeded_system(name: str, scores: list[float], curve) -> V.System:
+    runs = tuple(V.RunRecord(k, (V.Stage("training", tuple((u, dev + k / 10) for u, dev in curve), 4000, 400_000,
+                                         380_000, dev_noise=0.1),)) for k in range(len(scores)))
+    return V.System(name, {"test": {"BLEU": V.Measure(dict(enumerate(scores)))}}, runs)
+
+
+def test_the_page_shows_an_interval_and_a_direction_where_the_protocol_allows_no_verdict(tmp_path: Path) -> None:
+    """Runs still improving decide nothing, yet a reader sees how far and which way they point, marked as such."""
+    rising = ((1000, 20.0), (2000, 26.0), (3000, 30.0), (4000, 34.0))
+    systems = {"A": seeded_system("A", [35.0, 35.4, 35.2], rising), "B": seeded_system("B", [34.0, 34.2, 34.1], rising)}
+    claim = V.Claim("c0", "A beats B", "A 31.3 vs B 30.0, +1.3", "better", "A", "BLEU", "test", baseline="B",
+                    paper_delta=1.3, paper_baseline=30.0)
+    judged = V.judge_all([claim], systems)
+    assert judged[0].verdict == V.NOT_DECIDED and judged[0].interval is None
+    V.write_results(tmp_path / "ch05_coverage_nat.json", "5. X", "small", "abc", judged, systems)
+    stem, data = next(iter(scoreboard.load_results(tmp_path).items()))
+    row = scoreboard.chapter_claims(stem, data).iloc[0]
+    assert row["ours"] == "Δ +1.10 BLEU, 95% CI [+0.85, +1.35]"  # deltas 1.0, 1.2, 1.1: ± t(2) × 0.1 / √3
+    assert row["ours points"] == "towards the paper (no verdict)" and row["why"] == "runs still improving"
+    assert row["verdict"].startswith("not decided")
+    line = scoreboard.chapter_summary(stem, data)
+    assert line.startswith("5. X: 0 of 1 claims decided; without a verdict, 1 point towards the paper and 0 against")
+    assert "in the way: runs still improving (1)" in line
+
+
+def test_plain_reasons_and_cells_without_literal_backticks() -> None:
+    claim = lambda verdict, reason: {"verdict": verdict, "reason": reason}
+    assert scoreboard.plain_reason(claim(V.NOT_RUN, "not run at this scale (A); 3 seeds at `small`")) == \
+        "not run at this scale"
+    assert scoreboard.plain_reason(claim(V.NOT_DECIDED, "below floor: A 1.0 vs copy 2.0")) == \
+        "a system no better than a trivial output"
+    assert scoreboard.plain_reason(claim(V.INDICATIVE, "1 seed (a verdict needs 3): leans towards the claim")) == \
+        "1 seed (a verdict needs 3)"
+    assert scoreboard.plain_reason(claim(V.NOT_REPRODUCED, "delta -1.0 ...: the other way")) == \
+        "the effect points the other way"
+    assert scoreboard.direction({"verdict": V.REPRODUCED, "leans": "towards the claim"}) == "towards the paper"
+    assert scoreboard.direction({"verdict": V.NOT_RUN}) == "–"
+    assert V.cell_html("the `small` scale reads <sep> & more") == \
+        "the <code>small</code> scale reads &lt;sep&gt; &amp; more"
+    page = scoreboard.chapter_sections(scoreboard.load_results())
+    assert "`" not in page and page.count("<details>") == len(scoreboard.load_results())

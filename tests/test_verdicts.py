@@ -499,6 +499,7 @@ def test_tables_write_counts_as_integers_small_rates_with_significant_digits_and
                           "note": ["a", None]})
     text = {column: [V.number_formatter(frame[column])(v) for v in frame[column]] for column in frame}
     assert text == {"updates": ["1,000", "250"], "lr": ["0.0005", "0.001"], "BLEU": ["38.39", "–"], "note": ["a", "–"]}
+    assert V.number_formatter(pd.Series(["`<sep>`"]))("`<sep>`") == "<code>&lt;sep&gt;</code>"
     column = pd.Series([np.int64(3), np.int64(1200)])
     assert [V.number_formatter(column)(v) for v in column] == ["3", "1,200"]
     assert V.number_formatter(pd.Series([np.bool_(True)]))(np.bool_(True)) == "True"
