@@ -243,6 +243,8 @@ def chapter_summary(stem: str, data: dict) -> str:
     from collections import Counter
 
     claims_ = data["claims"]
+    if not claims_:
+        return f"{data['chapter']}: no claims of its own."
     decided = Counter(c["verdict"] for c in claims_ if c["verdict"] in DECIDED)
     leaning = Counter(direction(c).split(" (")[0] for c in claims_ if c.get("leans") and c["verdict"] not in DECIDED)
     blocks = Counter(plain_reason(c) for c in claims_ if c["verdict"] not in DECIDED)
@@ -272,8 +274,10 @@ def chapter_sections(results: dict[str, dict]) -> str:
     sections = []
     for stem, data in results.items():
         table = html_table(chapter_claims(stem, data)) if data["claims"] else "<p>This chapter declares no claims.</p>"
-        sections.append(f"<p>{cell_html(chapter_summary(stem, data))}</p><details><summary>{len(data['claims'])} "
-                        f"claims of {cell_html(data['chapter'])}</summary>{table}</details>")
+        name, _, line = chapter_summary(stem, data).partition(": ")
+        sections.append(f'<p class="msgcore-summary"><strong>{cell_html(name)}</strong>: {cell_html(line)}</p>'
+                        f'<details class="msgcore-claims"><summary>its {len(data["claims"])} claims</summary>{table}'
+                        f'</details>')
     return "\n".join(sections)
 
 
