@@ -273,11 +273,12 @@ def chapter_sections(results: dict[str, dict]) -> str:
     """The scoreboard page's body as HTML: per chapter, its one-line summary, then its claims folded away."""
     sections = []
     for stem, data in results.items():
-        table = html_table(chapter_claims(stem, data)) if data["claims"] else "<p>This chapter declares no claims.</p>"
-        name, _, line = chapter_summary(stem, data).partition(": ")
-        sections.append(f'<p class="msgcore-summary"><strong>{cell_html(name)}</strong>: {cell_html(line)}</p>'
-                        f'<details class="msgcore-claims"><summary>its {len(data["claims"])} claims</summary>{table}'
-                        f'</details>')
+        line = chapter_summary(stem, data)[len(data["chapter"]) + 2:]
+        sections.append(f'<p class="msgcore-summary"><strong>{cell_html(data["chapter"])}</strong>: '
+                        f'{cell_html(line)}</p>')
+        if data["claims"]:
+            sections.append(f'<details class="msgcore-claims"><summary>its {len(data["claims"])} claims</summary>'
+                            f'{html_table(chapter_claims(stem, data))}</details>')
     return "\n".join(sections)
 
 
