@@ -14,8 +14,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import shutil
 import sys
 from pathlib import Path
+
+import torch
 
 from msgcore import distributed, download
 from msgcore.batching import EncodedCorpus, encode_corpus
@@ -27,8 +30,9 @@ from msgcore.metrics import score_all
 from msgcore.model import PRESETS, Transformer, preset
 from msgcore.options import OneLineParser, device_option, real, seed_option, whole
 from msgcore.tokenizer import Tokenizer
-from msgcore.trainer import Trainer, TrainConfig, best_on_disk, load_checkpoint, load_model, translate_encoded
-from msgcore.utils import MsgcoreError, atomic_write, check_writable_dir, check_writable_file, \
+from msgcore.trainer import Trainer, TrainConfig, best_on_disk, checkpoint_space, load_checkpoint, load_model, \
+    translate_encoded
+from msgcore.utils import MsgcoreError, atomic_write, check_writable_dir, check_writable_file, nearest_existing, \
     os_error_line, pid_lock, resolve_device, seed_everything
 
 RUN_FILES = ("last.pt", "best.pt", "log.json")  # a folder holding any of these is an existing run
@@ -144,6 +148,25 @@ def check_run_folder(args) -> None:
         raise MsgcoreError(f"MSGCORE_DATA={cache} is a file, not a folder; point it at a folder (or unset it)")
 
 
+def check_free_space(args, checkpoint: dict | None) -> None:
+    """Refuse, before the tokenizer and any training step, an --out whose disk cannot hold the run's checkpoints
+    (the model is built on the meta device, which allocates nothing, to count its parameters)."""
+    vocab = checkpoint["model_config"]["vocab_size"] if checkpoint is not None else args.vocab_size
+    with torch.device("meta"):
+        model = Transformer(preset(args.preset, vocab_size=vocab, pad_id=0, dropout=args.dropout or 0.0))
+    out = Path(args.out)
+    needed = checkpoint_space(sum(p.numel() for p in model.parameters()), out)
+    free = shutil.disk_usage(nearest_existing(out)).free
+    if free < needed:
+        raise MsgcoreError(f"--out {out}: {size_text(free)} free on its disk, but this run's checkpoints need about "
+                           f"{size_text(needed)} (last.pt with the optimizer's state, written beside the previous "
+                           f"one, and best.pt); free some space or choose another --out")
+
+
+def size_text(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 def run_lock(out: Path):
     """Hold OUT/.lock (holding our pid) while training, so that two runs never write one folder."""
     def refuse(pid: int) -> None:
@@ -245,6 +268,7 @@ def train(args) -> None:
                            f"last.pt")
     settle_options(args, checkpoint)
     check_run_folder(args)
+    check_free_space(args, checkpoint)
     seed_everything(args.seed)
     main_process = distributed.is_main()
     with run_lock(Path(args.out)) if main_process else contextlib.nullcontext():

@@ -34,8 +34,8 @@ from pathlib import Path
 import yaml
 
 from msgcore.options import add_cap_options, apply_cap_options
-from msgcore.utils import MsgcoreError, atomic_write, check_device, check_seed, check_writable_dir, \
-    os_error_line, resolve_device
+from msgcore.utils import WRITE_ERRORS, MsgcoreError, atomic_write, check_device, check_seed, \
+    check_writable_dir, os_error_line, resolve_device
 
 SCALES = ("smoke", "small", "full")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -162,14 +162,33 @@ def make_run_dir(root: Path, scale: str, out: Path | None) -> Path:
         check_writable_dir(run_dir, "--out")
     except MsgcoreError as error:
         raise BookError(str(error)) from None
+    created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        copy_sources(root, run_dir)
+    except OSError as error:  # shutil.Error too: its message lists every failed copy
+        if created:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise BookError(f"cannot copy the book into {run_dir}: {copy_error_reason(error)}") from None
+    hide_placeholder_buttons(run_dir / "_config.yml")
+    return run_dir
+
+
+def copy_sources(root: Path, run_dir: Path) -> None:
     for src in book_sources(root):
         if src.is_dir():
             shutil.copytree(src, run_dir / src.name, ignore=COPY_IGNORE, dirs_exist_ok=True)
         else:
             shutil.copy2(src, run_dir / src.name)
-    hide_placeholder_buttons(run_dir / "_config.yml")
-    return run_dir
+
+
+def copy_error_reason(error: OSError) -> str:
+    """One reason for a failed copy: the first of shutil.Error's list (with how many files failed), or the error's."""
+    if isinstance(error, shutil.Error) and error.args and isinstance(error.args[0], list) and error.args[0]:
+        failures = error.args[0]
+        why = re.sub(r"^\[Errno \d+\] ", "", str(failures[0][2])).split(": '")[0].lower()  # without the path
+        return f"{why} ({len(failures)} file{'s' * (len(failures) > 1)} not copied)"
+    return WRITE_ERRORS.get(error.errno) or os_error_line(error)
 
 
 PLACEHOLDER = "YOUR-ACCOUNT"  # repository.url until a fork sets its own: no page may link to it

@@ -170,6 +170,15 @@ def write_checkpoint(checkpoint: dict, path: Path) -> None:
         raise CheckpointError(f"{reason} while writing {path}; the previous checkpoint is intact") from None
 
 
+def checkpoint_space(parameters: int, out_dir: Path) -> int:
+    """Bytes a run of a model with `parameters` float32 weights still needs in `out_dir` for its checkpoints. At
+    most 7 copies of the weights lie there at once: last.pt (the weights and Adam's two moments) written beside the
+    previous last.pt before it replaces it (6), and best.pt (1). The checkpoints already there count as held."""
+    weights = 4 * parameters
+    held = sum((out_dir / name).stat().st_size for name in ("last.pt", "best.pt") if (out_dir / name).is_file())
+    return max(7 * weights - held, 0)
+
+
 def best_on_disk(out_dir: Path) -> tuple[float, int] | None:
     """(best_bleu, step) recorded in out_dir/best.pt, or None when there is no readable best.pt."""
     try:

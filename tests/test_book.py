@@ -310,6 +310,26 @@ def test_a_placeholder_repository_url_builds_no_launch_or_repository_buttons(tin
     assert yaml.safe_load((run_dir / "_config.yml").read_text()) == config  # a real URL: every button stays
 
 
+def test_a_full_disk_under_out_is_one_line_naming_the_folder_and_leaves_no_run_folder(tiny_book: Path,
+                                                                                   monkeypatch) -> None:
+    import errno
+
+    def full(src, dst, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+
+    out, tree = tiny_book / "runs" / "full", book.shutil.copytree
+    monkeypatch.setattr(book.shutil, "copytree", lambda *a, **k: tree(*a, **k, copy_function=full))
+    with pytest.raises(book.BookError) as caught:  # copytree's shutil.Error lists every file that failed
+        book.make_run_dir(tiny_book, "smoke", out)
+    files = len(list((tiny_book / "book").iterdir()))
+    assert str(caught.value) == f"cannot copy the book into {out}: no space left on device ({files} files not copied)"
+    assert not out.exists()
+    monkeypatch.setattr(book.shutil, "copy2", full)  # the config, copied on its own: a plain OSError
+    with pytest.raises(book.BookError, match=r"^cannot copy the book into .*full: no space left on device$"):
+        book.make_run_dir(tiny_book, "smoke", out)
+    assert not out.exists()
+
+
 # ---- progress while a chapter runs ------------------------------------------------------------------------
 
 def test_the_running_cell_is_read_from_papermills_saved_notebook(tmp_path):

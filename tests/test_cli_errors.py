@@ -488,3 +488,30 @@ def test_every_entry_point_returns_0_after_help_and_2_after_a_usage_error_in_one
     assert entry(["--no-such-option"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "--help" in err
+
+
+def test_a_disk_too_small_for_the_checkpoints_is_refused_before_any_work(files, tmp_path, capsys, monkeypatch):
+    """The free space is checked against the checkpoints' size (7 copies of the weights at most) before the
+    tokenizer or a training step; nothing is left in --out."""
+    import shutil
+    from collections import namedtuple
+
+    from msgcore import __main__ as cli
+
+    no_training(monkeypatch)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(cli.shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 2**20, 2**20))
+    assert main(train_args(files, tmp_path / "o", "--max-steps", "2")) == 2
+    err = one_line_error(capsys, "--out", "1.0 MiB free on its disk", "checkpoints need about")
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir()), err
+    assert shutil.disk_usage is not None
+
+
+def test_the_checkpoint_space_counts_what_a_resumed_run_already_holds(tmp_path):
+    from msgcore.trainer import checkpoint_space
+
+    assert checkpoint_space(1000, tmp_path) == 28_000
+    (tmp_path / "last.pt").write_bytes(b"x" * 12_000)
+    (tmp_path / "best.pt").write_bytes(b"x" * 4_000)
+    assert checkpoint_space(1000, tmp_path) == 12_000
+    assert checkpoint_space(10, tmp_path) == 0
