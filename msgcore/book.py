@@ -211,15 +211,18 @@ def hide_placeholder_buttons(config_path: Path) -> bool:
     return True
 
 
-def hide_parameter_cells(path: Path) -> None:
-    """Tag the `parameters` and papermill's `injected-parameters` cells `remove-cell`."""
+def tag_parameter_cells(path: Path) -> None:
+    """Show the `parameters` cell on the page (readers edit its `scale` line, e.g. on Colab), and remove papermill's
+    `injected-parameters` cell from it (the provenance cell says what the run was given)."""
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
         tags = cell.metadata.get("tags", [])
-        if {"parameters", "injected-parameters"} & set(tags) and "remove-cell" not in tags:
+        if "injected-parameters" in tags and "remove-cell" not in tags:
             cell.metadata["tags"] = [*tags, "remove-cell"]
+        elif "parameters" in tags and "remove-cell" in tags:
+            cell.metadata["tags"] = [tag for tag in tags if tag != "remove-cell"]
     with atomic_write(path, "w", encoding="utf-8") as f:
         nbformat.write(nb, f)
 
@@ -357,7 +360,7 @@ def execute_chapter(src: Path, dst: Path, scale: str, device: str = "auto", seed
     reused = reuse_log.read_text().split() if reuse_log.is_file() else []
     if error:
         return ChapterResult(src.stem, scale, "FAILED", minutes, error, reused)
-    hide_parameter_cells(dst)
+    tag_parameter_cells(dst)
     result = ChapterResult(src.stem, scale, "ok", minutes, reused=reused)
     record_cost(dst, result, device)
     return result

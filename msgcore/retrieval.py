@@ -114,7 +114,7 @@ def build_batches(links: Links, lengths: list[int], max_tokens: int, rng: random
                   max_docs: int = 32) -> list[tuple[list[int], list[int]]]:
     """Greedy batches (members, targets) from the link graph.
 
-    # Deviation (VAGUE-R4): the paper's "small local search" is not specified. Ours: seeds are the
+    # Deviation: the paper's "small local search" is not specified. Ours: seeds are the
     # documents with links, in random order; a batch S starts as {seed} and repeatedly takes the
     # neighbour of S with the largest total edge weight to S (ties: random order) that fits in
     # max_tokens and max_docs. Targets: members not yet a target in this period with at least one

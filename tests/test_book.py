@@ -110,6 +110,8 @@ def test_run_dir_gets_the_outputs_and_committed_notebooks_stay_byte_identical(ti
     cells = nbformat.read(executed, as_version=4).cells
     injected = [c for c in cells if "injected-parameters" in c.metadata.get("tags", [])]
     assert len(injected) == 1 and "remove-cell" in injected[0].metadata.tags
+    parameters = [c for c in cells if "parameters" in c.metadata.get("tags", [])]
+    assert parameters[0].metadata.tags == ["parameters"]  # shown: a reader edits its scale line
 
 
 def test_in_place_replaces_the_committed_notebook(tiny_book: Path) -> None:

@@ -61,7 +61,7 @@ def columns_of(corpus: Corpus) -> list[tuple[str, list[str]]]:
 
 def keep_overlap(groups: list[int], langs: list[str], overlap: float, seed: int = 0) -> list[int]:
     """Indices to keep: for a fraction `overlap` of the groups every language, for the others one
-    random language (the notes' `translation_overlap` lever: at 0 no document has its translation)."""
+    random language (the `translation_overlap` lever: at 0 no document has its translation)."""
     rng = random.Random(f"marge-overlap:{seed}")
     by_group: dict[int, list[int]] = {}
     for i, group in enumerate(groups):
