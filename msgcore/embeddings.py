@@ -6,6 +6,9 @@ Vaswani et al. 2017, §3.4 (embeddings scaled by sqrt(d_model)) and §3.5 (sinus
 The segment embedding is the fixed sinusoid that TRICE (Huang et al., ACL 2021, §2.3, Eq. 8) adds
 to mark which source a token of a concatenated input belongs to. Following the authors' code,
 source k is given the sinusoid at "position" k * segment_stride (0, 1000, 2000, ...).
+
+# Deviation: the paper's Eq. 8 numbers the sources from 1 ("the k-th source sentence"); the authors' code numbers
+# them from 0, so the first source's segment code is the sinusoid of position 0. We follow the code.
 """
 from __future__ import annotations
 

@@ -162,7 +162,10 @@ class PostechScale:
 
 def _steps(steps: int, validations: int = 4, **kw) -> TrainConfig:
     """At most `steps` updates with `validations` evenly spaced dev-BLEU validations (the last at the end, so the
-    verdict protocol can tell a converged run from one still improving at its cap), label smoothing 0.1."""
+    verdict protocol can tell a converged run from one still improving at its cap), label smoothing 0.1.
+
+    # Deviation: warm-up over a tenth of the run, at most 400 updates; the paper warms up over 18k steps with
+    # batches of about 25k triplets (§4, "Settings"), a schedule for a run of its length, not ours."""
     base = dict(lr=5e-4, warmup_steps=max(min(steps // 10, 400), 1), max_tokens=1536, max_epochs=1000,
                 max_steps=steps, validate_every=max(steps // validations, 1), patience=0, valid_max_sentences=100,
                 log_every=max(steps // 10, 1), progress=False)

@@ -192,7 +192,10 @@ def monolingual_text(tasks: dict[str, dict[str, Corpus]], limit: int,
                      extra: Sequence[tuple[str, Sequence[str]]] = ()) -> dict[str, list[str]]:
     """Stage-0 text: every language side of the training splits (Multi30k, APE, TED) and the `extra` (language,
     column) pairs (`extra_training_text`). Each language keeps each sentence once and gets at most `limit`
-    sentences (0 = all), drawn evenly from its columns."""
+    sentences (0 = all), drawn evenly from its columns.
+
+    # Deviation: the stand-in for mBART pre-trains on the fine-tuning tasks' own training text (each side alone,
+    # noised), which mBART-cc25 never saw; at our scale there is no other text of these domains to pre-train on."""
     columns: dict[str, list[list[str]]] = {}
     for name in ("m30k", "ape", "ted"):
         train = tasks[name]["train"]
