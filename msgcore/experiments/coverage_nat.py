@@ -1082,7 +1082,8 @@ def seconds_per_update(chapter: ChapterRuns) -> float:
 
 def coverage_scales(model: CoverageNAT) -> list[float]:
     """λ of Eq. (9), as trained, for each coverage layer (one, the top decoder layer; shared by its iterations)."""
-    return [float(layer.coverage_scale) for layer in model.decoder.layers if isinstance(layer, CoverageDecoderLayer)]
+    layers = [layer for layer in model.decoder.layers if isinstance(layer, CoverageDecoderLayer)]
+    return [layer.coverage_scale.detach().item() for layer in layers]  # detached: no autograd warning on the page
 
 
 # ---- Tables III and IV, Figure 2: the dev-set analyses -------------------------------------------------------
