@@ -187,7 +187,7 @@ def run_training(model, data: TranslationData, train_cfg: TrainConfig, device: t
                  trainer_class: type[Trainer] = Trainer) -> RunResult:
     trainer = trainer_class(model, data.tokenizer, train, valid, refs, train_cfg, device, folder)
     if (folder / "last.pt").is_file():
-        print(f"resuming the interrupted run in {folder}")
+        print(f"resuming the interrupted run {folder.name} (run cache)")  # its name: a page shows no machine path
         trainer.resume(folder / "last.pt")
     start = time.perf_counter()
     history = trainer.train()

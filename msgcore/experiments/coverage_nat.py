@@ -304,7 +304,7 @@ def resume_curve(trainer: Trainer, work: Path) -> tuple[list[dict] | None, float
         return None, 0.0
     trainer.resume(work / "last.pt")
     saved = json.loads((work / "curve.json").read_text()) if (work / "curve.json").is_file() else {}
-    print(f"resuming the interrupted NAT run in {work} at update {trainer.state.step}")
+    print(f"resuming the interrupted NAT run {work.name} at update {trainer.state.step}")  # no machine path
     return saved.get("curve", []), saved.get("wall_time_s", 0.0)
 
 

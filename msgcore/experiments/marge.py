@@ -278,7 +278,8 @@ def resume_pretraining(path: Path, model, optimizer, scheduler, constructor: Bat
     scheduler.load_state_dict(checkpoint["scheduler"])
     constructor.load_state_dict(checkpoint["constructor"])
     set_rng_state(checkpoint["rng"])
-    print(f"resuming MARGE pre-training from {path} at update {checkpoint['state']['step']:,}")
+    print(f"resuming MARGE pre-training from {Path(path).parent.name}/{Path(path).name} at update "
+          f"{checkpoint['state']['step']:,}")  # the run's own name: a page shows no machine path
     return checkpoint["state"]
 
 
