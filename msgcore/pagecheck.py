@@ -12,7 +12,8 @@ and reports, per width:
 - source code that soft-wraps (its indentation is lost) instead of scrolling;
 - Markdown backticks shown literally in text;
 - `nan` in text (a missing value should print as a dash or say why);
-- a path of the machine that built the book (`/home/...`, `/root/...`, `/tmp/...`, `/work/...`, `~/...`).
+- a path of the machine that built the book in an output (`/home/...`, `/root/...`, `/tmp/...`, `/work/...`,
+  `~/...`); the prose may name a default folder.
 
 Chromium is the only thing it needs (Debian: `apt-get install chromium`; or `--chromium PATH`). It reads nothing but
 the pages and writes only its scratch copy.
@@ -89,8 +90,9 @@ window.addEventListener("load", () => setTimeout(() => {
     const code = inside(node, "pre, code, .cell_input, .highlight, mjx-container");
     if (!code && text.includes("`")) add("literal backticks", snippet, "Markdown shown as text");
     if (!inside(node, ".cell_input, div[class*='highlight-python'], div[class*='highlight-ipython']") && /(^|[^A-Za-z_.'"])(nan|NaN)(?![A-Za-z_(])/.test(text)) add("nan", snippet, "a missing value printed as nan");
-    const path = text.match(/(^|[\s'"(=:])((\/(home|root|tmp|work|Users)\/|~\/)[^\s'")]*)/);
-    if (path) add("machine path", snippet, path[2]);
+    const output = inside(node, ".cell_output, .output");
+    const path = output && text.match(/(^|[\s'"(=:])((\/(home|root|tmp|work|Users)\/|~\/)[^\s'")]*)/);
+    if (path) add("machine path", snippet, path[2]);  // in outputs: the prose may name a default folder
   }
   const out = document.createElement("pre");
   out.id = "msgcore-pagecheck";

@@ -13,7 +13,8 @@ BAD_PAGE = f"""<!DOCTYPE html><html><head><meta name="viewport" content="width=d
 <style>table {{ border-collapse: collapse }} td {{ white-space: nowrap }}</style></head><body><main>
 <table><thead><tr>{''.join(f'<th>column {i}</th>' for i in range(12))}</tr></thead>
 <tbody><tr>{''.join(f'<td>value-{i}-wide</td>' for i in range(12))}</tr></tbody></table>
-<p>the `small` scale</p><p>BLEU nan</p><p>resuming ~/.cache/runs/abc</p><p>cache at /home/someone/.cache/msgcore</p>
+<p>the `small` scale</p><p>BLEU nan</p><p>data in <code>~/.cache/msgcore/data</code> by default</p>
+<div class="cell_output"><pre>resuming ~/.cache/runs/abc</pre><pre>cache at /home/someone/.cache/msgcore</pre></div>
 <div class="highlight-python"><pre style="white-space: pre-wrap">def f():\n    {LONG}\n</pre></div>
 </main></body></html>"""
 CLEAN_PAGE = """<!DOCTYPE html><html><head><meta name="viewport" content="width=device-width, initial-scale=1"></head>
