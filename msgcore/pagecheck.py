@@ -31,7 +31,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from msgcore.options import OneLineParser
+from msgcore.options import OneLineParser, whole
 from msgcore.utils import MsgcoreError
 
 WIDTHS = (1280, 400)
@@ -187,7 +187,8 @@ def check_book(html_dir: str | Path, widths=WIDTHS, only: list[str] | None = Non
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m msgcore.pagecheck", description=__doc__.split("\n\n")[0])
     parser.add_argument("html", type=Path, help="the built book's HTML folder (…/_build/html)")
-    parser.add_argument("--width", type=int, action="append", help="screen widths in px (default 1280 and 400)")
+    parser.add_argument("--width", type=whole(200, 4000), action="append",
+                        help="screen widths in px, 200 to 4000 (default 1280 and 400)")
     parser.add_argument("--page", action="append", help="only these pages, by stem (e.g. scoreboard)")
     parser.add_argument("--chromium", help="the Chromium executable (default: found on PATH)")
     args = parser.parse_or_exit_code(argv)

@@ -39,6 +39,9 @@ def test_a_folder_that_is_not_a_built_book_or_an_unknown_page_is_a_one_line_erro
     assert pagecheck.main([str(tmp_path), "--chromium", "no-such-browser"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: no Chromium found (no-such-browser)") and err.count("\n") == 1
+    assert pagecheck.main([str(tmp_path), "--width", "-5"]) == 2  # refused before any browser starts
+    err = capsys.readouterr().err
+    assert "--width" in err and "out of range" in err and err.count("\n") == 1
 
 
 def test_a_page_that_never_reported_is_an_error_not_a_clean_page() -> None:
