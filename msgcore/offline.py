@@ -227,11 +227,12 @@ def run_parallel(steps: list[Step], env: dict, deadline: float) -> list[Step]:
 
 def run(out: Path, chapters: list[str], scale: str, device: str = "cuda", bundle: Path = BUNDLE, seed: int = 0,
         parts: int = 3, deadline_min: float = 8.0, smoke: bool = True, dry_run: bool = False,
-        probe: bool = False, cache: Path = CACHE) -> tuple[Path, list[str]]:
+        probe: bool = False, cache: Path = CACHE, notebook_min: float = 1.5) -> tuple[Path, list[str]]:
     """Everything `python -m msgcore.offline run` does; returns the evidence archive (written whatever happened) and
     the steps that failed or were cut off (empty when all went through).
     With `probe`, the throughput probe (msgcore.probe) runs first, and its report comes back with the evidence.
-    The runs go to `cache`, where a later command on the same machine finds them."""
+    The runs go to `cache`, where a later command on the same machine finds them. The seed shares stop
+    `notebook_min` minutes before the deadline, leaving that time to execute the notebooks."""
     deadline = time.monotonic() + 60 * deadline_min
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="msgcore-offline-"))
@@ -254,9 +255,11 @@ def run(out: Path, chapters: list[str], scale: str, device: str = "cuda", bundle
     if smoke and scale != "smoke":
         steps.append(run_step(Step("smoke pass", [*book, "--scale", "smoke", "--out", str(work / "smoke"), *caps]),
                               {**env, "MSGCORE_RUNS": str(work / "smoke-cache")}, deadline))
-    for chapter in [c for c in chapters if parts > 1 and supports_parts(c)]:
-        commands = parts_for(chapter, parts, scale, device, seed, caps)
-        steps += run_parallel([Step(f"{chapter} part {i}/{parts}", c) for i, c in enumerate(commands)], env, deadline)
+    shares = [Step(f"{chapter} part {i}/{parts}", command)
+              for chapter in chapters if parts > 1 and supports_parts(chapter)
+              for i, command in enumerate(parts_for(chapter, parts, scale, device, seed, caps))]
+    if shares:  # every chapter's shares at once: one small model leaves most of the GPU idle
+        steps += run_parallel(shares, env, deadline - 60 * notebook_min)
     steps.append(run_step(Step(f"chapters at {scale}", [*book, "--scale", scale, "--seed", str(seed), "--out",
                                                           str(work / "run"), *caps]), env, deadline))
     archive = pack(out / "evidence.tar.gz", work / "run", cache, chapters, probe)
