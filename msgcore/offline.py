@@ -383,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     rn.add_argument("--probe", action="store_true", help="first, the throughput probe (msgcore.probe); its report "
                                                          "comes back under book/benchmarks/probe/")
     rn.add_argument("--deadline-min", type=float, default=8.0, help="minutes after which everything is cut off")
+    rn.add_argument("--notebook-min", type=float, default=1.5, help="minutes kept after the seed shares for the "
+                    "notebooks")
     rn.add_argument("--no-smoke", action="store_true", help="skip the smoke pass")
     rn.add_argument("--cache", type=Path, default=CACHE, help="the run cache, kept for the next command")
     rn.add_argument("--dry-run", action="store_true", help="every loop capped (msgcore.dryrun): a check of the path")
@@ -398,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.bundle}: {size / 2 ** 20:.1f} MiB ({'wheels, ' if not args.no_wheels else ''}data, commit)")
         elif args.command == "run":
             archive, failed = run(args.out, args.chapter, args.scale, args.device, args.bundle, args.seed,
-                                  args.parts, args.deadline_min, not args.no_smoke, args.dry_run, args.probe, args.cache)
+                                  args.parts, args.deadline_min, not args.no_smoke, args.dry_run, args.probe, args.cache,
+                                  args.notebook_min)
             print((args.out / "summary.txt").read_text(), end="")
             print(f"evidence: {archive}")
             if failed:
