@@ -11,14 +11,14 @@ travels with the working tree.
 `run` installs the wheels into a folder of its own, records the device (nvidia-smi, torch, CUDA, cuDNN), runs the
 throughput probe when asked (`--probe`: 2 minutes on an H200; its report comes back), executes the chapters once at `smoke` on
 the device (1.3 to 2 minutes a chapter on an H200, which catches CUDA-only failures before real minutes are
-spent; `--no-smoke` once a chapter has passed), fills the run cache with
-each chapter's seeds in parallel processes (`python -m msgcore.experiments --part i/N`), then executes the chapters
-at the asked scale, under a deadline. A GPU's first command is the probe and every chapter at `smoke`:
+spent; `--no-smoke` once a chapter has passed), then, for every chapter at
+once, fills the run cache with its seeds in parallel processes (`python -m msgcore.experiments --part i/N`) and
+executes its notebook at the asked scale as soon as they are done, all under a deadline. A GPU's first command is the probe and every chapter at `smoke`:
 
     python -m msgcore.offline run --probe --scale smoke --chapter ch00_transformer_baseline ... --out OUT
 
 Whatever happens, it packs the evidence into `OUT/evidence.tar.gz`: the executed notebooks, their `results/*.json` and every run's `log.json` and `meta.json`
-(under `book/logs/`), never a checkpoint; and `OUT/summary.txt` says what ran and how long. The run cache stays in
+(under `book/logs/`; a run cut off at the deadline, its log so far as `partial-log.json`), never a checkpoint; and `OUT/summary.txt` says what ran and how long. The run cache stays in
 `--cache` (`runs/offline-cache`, which git ignores, by default), so that a second command on the same machine goes
 on from the runs the first one finished.
 
@@ -67,9 +67,10 @@ BUNDLE_LIMIT = 40 * 2 ** 20  # the bundle travels beside the working tree, 64 Mi
 EVIDENCE_LIMIT = 15 * 2 ** 20  # one file back from the GPU box is at most 16 MiB
 CHAPTER_STEMS = {"ch00": "ch00_transformer_baseline", "ch01": "ch01_trice", "ch02": "ch02_mixrep",
                  "ch03": "ch03_marge", "ch04": "ch04_postech_ape", "ch05": "ch05_coverage_nat"}
+ENTRY = re.compile(r"^[a-z]+-[0-9a-f]{16}$")  # a run cache entry's folder: its kind and key
 # What an evidence archive may hold: an executed notebook, its results file, a run's log or meta.
 MEMBER = re.compile(r"^book/(?:[A-Za-z0-9_]+\.ipynb|results/[A-Za-z0-9_]+\.json|"
-                    r"logs/[A-Za-z0-9_.-]+/(?:log|meta)\.json|benchmarks/probe/[A-Za-z0-9_.-]+\.(?:json|md))$")
+                    r"logs/[A-Za-z0-9_.-]+/(?:log|meta|partial-log)\.json|benchmarks/probe/[A-Za-z0-9_.-]+\.(?:json|md))$")
 
 
 # ---- stage: here, with internet -------------------------------------------------------------------------------
@@ -204,36 +205,65 @@ def parts_for(chapter: str, parts: int, scale: str, device: str, seed: int, extr
              "--seed", str(seed), "--part", f"{i}/{parts}", *extra] for i in range(parts)]
 
 
-def run_parallel(steps: list[Step], env: dict, deadline: float) -> list[Step]:
-    """Start every step at once (each in its own process group) and wait for all, killing them at the deadline."""
-    started = []
-    for step in steps:
-        started.append((step, subprocess.Popen(step.command, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                                               stderr=subprocess.STDOUT, text=True, start_new_session=True),
-                        time.monotonic()))
-    for step, process, start in started:
-        try:
-            out, _ = process.communicate(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            out, _ = process.communicate()
-            step.timed_out = True
-        step.returncode, step.minutes = process.returncode, (time.monotonic() - start) / 60
-        step.tail = (out or "").splitlines()[-20:]
+def run_parallel(steps: list[Step], env: dict, deadline: float, logs: Path) -> list[Step]:
+    """Start every step at once (each in its own process group, its output to a file in `logs`, so that no pipe
+    fills and stalls it) and wait for all, killing those still running at the deadline. Each step's minutes are its
+    own, measured when it exits."""
+    logs.mkdir(parents=True, exist_ok=True)
+    running = []
+    for i, step in enumerate(steps):
+        output = logs / f"{re.sub(r'[^A-Za-z0-9_.-]+', '-', step.name)}-{i}.txt"
+        with open(output, "w") as sink:
+            process = subprocess.Popen(step.command, env=env, cwd=REPO_ROOT, stdout=sink, stderr=subprocess.STDOUT,
+                                       text=True, start_new_session=True)
+        running.append((step, process, time.monotonic(), output))
+    pending = list(running)
+    while pending:
+        for item in [item for item in pending if item[1].poll() is not None]:
+            pending.remove(item)
+            item[0].minutes = (time.monotonic() - item[2]) / 60
+        if pending and time.monotonic() >= deadline:
+            for step, process, begun, _ in pending:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                step.timed_out, step.minutes = True, (time.monotonic() - begun) / 60
+            pending = []
+        time.sleep(0.2 if pending else 0)
+    for step, process, _, output in running:
+        step.returncode = process.returncode
+        step.tail = output.read_text(errors="replace").splitlines()[-20:]
         print(f"{step.name}: exit {step.returncode}{' (deadline)' if step.timed_out else ''}, "
               f"{step.minutes:.1f} min", flush=True)
     return steps
 
 
+def chapter_pipeline(chapter: str, scale: str, device: str, seed: int, parts: int, caps: list[str], env: dict,
+                     deadline: float, notebook_min: float, work: Path) -> list[Step]:
+    """One chapter's steps: its seed shares side by side (stopped `notebook_min` minutes before the deadline), then
+    at once its notebook, into `work/run/<chapter>`. `run` starts one pipeline per chapter at the same time, so a
+    chapter whose runs finish early is executed while another still trains."""
+    steps = []
+    if parts > 1 and supports_parts(chapter):
+        shares = [Step(f"{chapter} part {i}/{parts}", command)
+                  for i, command in enumerate(parts_for(chapter, parts, scale, device, seed, caps))]
+        steps += run_parallel(shares, env, deadline - 60 * notebook_min, work / "outputs")
+    book = [sys.executable, "-m", "msgcore.book", "run", "--device", device, "--chapter", chapter]
+    steps.append(run_step(Step(f"{chapter} at {scale}", [*book, "--scale", scale, "--seed", str(seed), "--out",
+                                                       str(work / "run" / chapter), *caps]), env, deadline))
+    return steps
+
+
 def run(out: Path, chapters: list[str], scale: str, device: str = "cuda", bundle: Path = BUNDLE, seed: int = 0,
-        parts: int = 3, deadline_min: float = 8.0, smoke: bool = True, dry_run: bool = False,
+        parts: int | list[int] = 3, deadline_min: float = 8.0, smoke: bool = True, dry_run: bool = False,
         probe: bool = False, cache: Path = CACHE, notebook_min: float = 1.5) -> tuple[Path, list[str]]:
     """Everything `python -m msgcore.offline run` does; returns the evidence archive (written whatever happened) and
     the steps that failed or were cut off (empty when all went through).
     With `probe`, the throughput probe (msgcore.probe) runs first, and its report comes back with the evidence.
-    The runs go to `cache`, where a later command on the same machine finds them. The seed shares stop
-    `notebook_min` minutes before the deadline, leaving that time to execute the notebooks."""
-    deadline = time.monotonic() + 60 * deadline_min
+    The runs go to `cache`, where a later command on the same machine finds them. Every chapter's pipeline (its
+    seed shares, then its notebook: `chapter_pipeline`) starts at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    began, deadline = time.time(), time.monotonic() + 60 * deadline_min
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="msgcore-offline-"))
     site = work / "site"
@@ -250,49 +280,64 @@ def run(out: Path, chapters: list[str], scale: str, device: str = "cuda", bundle
     if probe:
         steps.append(run_step(Step("throughput probe", [sys.executable, "-m", "msgcore.probe", "--device", device,
                                                         *(["--quick"] if dry_run else []), "--out",
-                                                        str(work / "run" / "book" / "benchmarks" / "probe")]),
+                                                        str(work / "probe" / "book" / "benchmarks" / "probe")]),
                               env, deadline))
     if smoke and scale != "smoke":
         steps.append(run_step(Step("smoke pass", [*book, "--scale", "smoke", "--out", str(work / "smoke"), *caps]),
                               {**env, "MSGCORE_RUNS": str(work / "smoke-cache")}, deadline))
-    shares = [Step(f"{chapter} part {i}/{parts}", command)
-              for chapter in chapters if parts > 1 and supports_parts(chapter)
-              for i, command in enumerate(parts_for(chapter, parts, scale, device, seed, caps))]
-    if shares:  # every chapter's shares at once: one small model leaves most of the GPU idle
-        steps += run_parallel(shares, env, deadline - 60 * notebook_min)
-    steps.append(run_step(Step(f"chapters at {scale}", [*book, "--scale", scale, "--seed", str(seed), "--out",
-                                                          str(work / "run"), *caps]), env, deadline))
-    archive = pack(out / "evidence.tar.gz", work / "run", cache, chapters, probe)
+    shares = [parts] * len(chapters) if isinstance(parts, int) else parts * len(chapters) if len(parts) == 1 else parts
+    with ThreadPoolExecutor(max_workers=len(chapters)) as pool:
+        pipelines = [pool.submit(chapter_pipeline, chapter, scale, device, seed, n, caps, env, deadline,
+                                 notebook_min, work) for chapter, n in zip(chapters, shares)]
+        steps += [step for pipeline in pipelines for step in pipeline.result()]
+    archive = pack(out / "evidence.tar.gz", work, cache, chapters, probe, since=began)
     (out / "summary.txt").write_text(summary(steps, archive))
     shutil.rmtree(work, ignore_errors=True)
     return archive, [s.name for s in steps if s.returncode != 0 or s.timed_out]
 
 
-def evidence_files(run_dir: Path, cache: Path, chapters: list[str], probe: bool = False) -> list[tuple[Path, str]]:
-    """(file, name in the archive) for every piece of evidence a run left: the chapters' executed notebooks (whole
-    or cut off at the deadline), their results files, the probe's report (when it ran), and every cache entry's
-    log.json and meta.json (a dry run's entries sit one folder deeper, under its caps)."""
+def evidence_files(work: Path, cache: Path, chapters: list[str], probe: bool = False,
+                   since: float | None = None) -> list[tuple[Path, str]]:
+    """(file, name in the archive) for every piece of evidence a run left in its `work` folder and `cache`: each
+    chapter's executed notebook (whole or cut off at the deadline) and results file from `work/run/<chapter>`, when
+    written after `since` (the book's own copies, older, are not this run's evidence); the probe's report (when it
+    ran); every finished cache entry's log.json and meta.json (a dry run's entries sit one folder deeper, under its
+    caps); and an unfinished entry's log as `partial-log.json`, so that runs cut off at a deadline still say how far
+    they got and how fast."""
+    def fresh(path: Path) -> bool:
+        return path.is_file() and (since is None or path.stat().st_mtime >= since)
+
     files = []
     for chapter in chapters:
-        for path, name in ((run_dir / "book" / f"{chapter}.ipynb", f"book/{chapter}.ipynb"),
-                           (run_dir / "book" / "results" / f"{chapter}.json", f"book/results/{chapter}.json")):
-            if path.is_file():
+        book = work / "run" / chapter / "book"
+        for path, name in ((book / f"{chapter}.ipynb", f"book/{chapter}.ipynb"),
+                           (book / "results" / f"{chapter}.json", f"book/results/{chapter}.json")):
+            if fresh(path):
                 files.append((path, name))
-    reports = run_dir / "book" / "benchmarks" / "probe"
+    reports = work / "probe" / "book" / "benchmarks" / "probe"
     if probe:
         files += [(path, f"book/benchmarks/probe/{path.name}") for path in sorted(reports.glob("*.*")) if path.is_file()]
-    entries = sorted({meta.parent for pattern in ("*/meta.json", "*/*/meta.json") for meta in cache.glob(pattern)})
-    for entry in entries if cache.is_dir() else []:
+    if not cache.is_dir():
+        return files
+    finished = sorted({meta.parent for pattern in ("*/meta.json", "*/*/meta.json") for meta in cache.glob(pattern)})
+    for entry in finished:
         for kind in ("log.json", "meta.json"):
             if (entry / kind).is_file():
                 files.append((entry / kind, f"book/logs/{entry.name}/{kind}"))
+    unfinished = [entry for pattern in ("*/", "*/*/") for entry in sorted(cache.glob(pattern))
+                  if ENTRY.match(entry.name) and entry not in finished and not (entry / "meta.json").is_file()]
+    for entry in unfinished:
+        logs = sorted(entry.rglob("log.json"), key=lambda path: path.stat().st_mtime)
+        if logs:
+            files.append((logs[-1], f"book/logs/{entry.name}/partial-log.json"))
     return files
 
 
-def pack(archive: Path, run_dir: Path, cache: Path, chapters: list[str], probe: bool = False) -> Path:
+def pack(archive: Path, work: Path, cache: Path, chapters: list[str], probe: bool = False,
+         since: float | None = None) -> Path:
     """The evidence as one gzipped tar (never a checkpoint); refused when it would not come back (over 15 MiB)."""
     with atomic_write(archive, "wb") as f, tarfile.open(fileobj=f, mode="w:gz") as tar:
-        for path, name in evidence_files(run_dir, cache, chapters, probe):
+        for path, name in evidence_files(work, cache, chapters, probe, since):
             tar.add(path, arcname=name)
     if archive.stat().st_size > EVIDENCE_LIMIT:
         raise MsgcoreError(f"{archive} is {archive.stat().st_size / 2 ** 20:.1f} MiB: over what may come back")
@@ -331,6 +376,13 @@ def checked_members(archive: Path) -> list[tarfile.TarInfo]:
     return members
 
 
+def cut_off(notebook: Path) -> bool:
+    """Whether an executed notebook stopped before its last code cell ran (killed at a deadline, or failed): such
+    a page would hold some of a chapter's outputs and not its results, so `unpack` leaves the book's page as it is."""
+    cells = [c for c in json.loads(notebook.read_text(encoding="utf-8")).get("cells", []) if c.get("cell_type") == "code"]
+    return not cells or any(c.get("execution_count") is None for c in cells if "".join(c.get("source", "")).strip())
+
+
 def unpack(archive: Path, root: Path = REPO_ROOT) -> list[str]:
     """Write an evidence archive's files into the checkout at `root` (every member checked first, each file parsed
     as JSON, or as UTF-8 text for the probe's table, then moved into place atomically), then regenerate README's
@@ -350,6 +402,10 @@ def unpack(archive: Path, root: Path = REPO_ROOT) -> list[str]:
             except (UnicodeDecodeError, json.JSONDecodeError):
                 raise MsgcoreError(f"{archive} refused: {member.name} is not readable "
                                    f"{'text' if member.name.endswith('.md') else 'JSON'}") from None
+        skipped = [m for m in members if m.name.endswith(".ipynb") and cut_off(staging / m.name)]
+        for member in skipped:
+            print(f"skipped {member.name}: cut off before its last cell ran", file=sys.stderr)
+        members = [m for m in members if m not in skipped]
         for member in members:
             target = root / member.name
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -360,6 +416,49 @@ def unpack(archive: Path, root: Path = REPO_ROOT) -> list[str]:
     if (root / "README.md").is_file():
         scoreboard.main(["--results", str(root / "book" / "results"), "--readme", str(root / "README.md")])
     return [m.name for m in members]
+
+
+# ---- report: what the runs in a logs folder cost ---------------------------------------------------------------
+
+def run_row(entry: Path) -> dict | None:
+    """One training run's cost and outcome from its cache entry's log (None when it holds no training log): its
+    updates, wall minutes and ms per update (finished runs: meta.json's wall time, all of this run's processes
+    together), median target tokens/s, best dev BLEU and where, and whether it finished or was cut off."""
+    finished = (entry / "log.json").is_file()
+    path = entry / ("log.json" if finished else "partial-log.json")
+    if not path.is_file():
+        return None
+    log = json.loads(path.read_text())
+    meta = json.loads((entry / "meta.json").read_text()) if (entry / "meta.json").is_file() else {}
+    train = [e for e in log if e.get("kind") == "train"]
+    valid = [e for e in log if e.get("kind") == "valid" and e.get("valid_bleu") is not None]
+    if not train:
+        return None
+    updates = max(e["step"] for e in train + valid)
+    wall = meta.get("wall_time_s")
+    best = max(valid, key=lambda e: e["valid_bleu"]) if valid else None
+    speeds = sorted(e["tokens_per_s"] for e in train)
+    return {"entry": entry.name, "status": "finished" if finished else "cut off", "device": meta.get("device", "–"),
+            "commit": meta.get("commit", "–"), "updates": updates, "epochs": max(e["epoch"] for e in train),
+            "minutes": round(wall / 60, 1) if wall else "–",
+            "ms per update": round(1000 * wall / updates) if wall else "–",
+            "target tokens/s (median)": f"{speeds[len(speeds) // 2]:,.0f}",
+            "best dev BLEU": f"{best['valid_bleu']:.2f} at {best['step']:,}" if best else "–"}
+
+
+def report(logs: Path) -> str:
+    """A markdown table of every training run under `logs` (book/logs, or an unpacked archive's): what sizing a
+    scale for a GPU command needs."""
+    import pandas as pd
+
+    from msgcore.scoreboard import markdown_table
+
+    if not logs.is_dir():
+        raise MsgcoreError(f"{logs} is not a folder of run logs")
+    rows = [row for entry in sorted(logs.iterdir()) if entry.is_dir() and (row := run_row(entry))]
+    if not rows:
+        raise MsgcoreError(f"{logs} holds no training run's log")
+    return markdown_table(pd.DataFrame(rows)) + "\n"
 
 
 # ---- the command line -----------------------------------------------------------------------------------------
@@ -379,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     rn.add_argument("--device", default="cuda")
     rn.add_argument("--bundle", type=Path, default=BUNDLE)
     rn.add_argument("--seed", type=int, default=0)
-    rn.add_argument("--parts", type=int, default=3, help="processes that fill the run cache, one per seed share")
+    rn.add_argument("--parts", type=int, nargs="+", default=[3], help="processes that fill each chapter's run "
+                    "cache, one per share of its runs: one number for every chapter, or one per chapter, in order")
     rn.add_argument("--probe", action="store_true", help="first, the throughput probe (msgcore.probe); its report "
                                                          "comes back under book/benchmarks/probe/")
     rn.add_argument("--deadline-min", type=float, default=8.0, help="minutes after which everything is cut off")
@@ -389,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     rn.add_argument("--cache", type=Path, default=CACHE, help="the run cache, kept for the next command")
     rn.add_argument("--dry-run", action="store_true", help="every loop capped (msgcore.dryrun): a check of the path")
     up = commands.add_parser("unpack", help="write an evidence archive into book/ and regenerate README")
+    rp = commands.add_parser("report", help="a markdown table of what each run under a logs folder cost")
+    rp.add_argument("logs", type=Path, nargs="?", default=REPO_ROOT / "book" / "logs")
     up.add_argument("archive", type=Path)
     up.add_argument("--root", type=Path, default=REPO_ROOT, help="the checkout to write into")
     args = parser.parse_or_exit_code(argv)
@@ -399,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
             size = stage(args.bundle, with_wheels=not args.no_wheels)
             print(f"{args.bundle}: {size / 2 ** 20:.1f} MiB ({'wheels, ' if not args.no_wheels else ''}data, commit)")
         elif args.command == "run":
+            if len(args.parts) not in (1, len(args.chapter)) or min(args.parts) < 1:
+                raise MsgcoreError(f"--parts takes one number of processes (1 or more) for every chapter, or one per "
+                                   f"chapter ({len(args.chapter)}), not {' '.join(map(str, args.parts))}")
             archive, failed = run(args.out, args.chapter, args.scale, args.device, args.bundle, args.seed,
                                   args.parts, args.deadline_min, not args.no_smoke, args.dry_run, args.probe, args.cache,
                                   args.notebook_min)
@@ -408,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: {', '.join(failed)} did not finish cleanly (the evidence is packed all the same)",
                       file=sys.stderr)
                 return 1
+        elif args.command == "report":
+            print(report(args.logs), end="")
         else:
             for name in unpack(args.archive, args.root):
                 print(f"wrote {name}")

@@ -109,29 +109,111 @@ def test_the_pinned_wheels_are_the_closure_papermill_needs_beyond_the_image():
 
 
 def test_pack_takes_notebooks_results_and_logs_never_a_checkpoint(tmp_path):
-    run_dir, cache = tmp_path / "run", tmp_path / "cache"
-    (run_dir / "book" / "results").mkdir(parents=True)
-    (run_dir / "book" / "ch05_coverage_nat.ipynb").write_text("{}")
-    (run_dir / "book" / "ch01_trice.ipynb").write_text("{}")  # a copy of a chapter that did not run here
-    (run_dir / "book" / "results" / "ch05_coverage_nat.json").write_text("{}")
-    (run_dir / "book" / "benchmarks" / "probe").mkdir(parents=True)
+    import os
+    import time
+
+    work, cache = tmp_path / "work", tmp_path / "cache"
+    book = work / "run" / "ch05_coverage_nat" / "book"
+    (book / "results").mkdir(parents=True)
+    (book / "ch05_coverage_nat.ipynb").write_text("{}")
+    (book / "ch01_trice.ipynb").write_text("{}")  # a copy of a chapter that did not run here
+    (book / "results" / "ch05_coverage_nat.json").write_text("{}")
+    (work / "probe" / "book" / "benchmarks" / "probe").mkdir(parents=True)
     for name in ("nvidia-h100.json", "nvidia-h100.md"):
-        (run_dir / "book" / "benchmarks" / "probe" / name).write_text("{}")
+        (work / "probe" / "book" / "benchmarks" / "probe" / name).write_text("{}")
     for entry in (cache / "run-abc", cache / "capped-u2-s24" / "run-dry"):  # a dry run's entries, under its caps
         entry.mkdir(parents=True)
         for name in ("log.json", "meta.json", "best.pt", "last.pt"):
             (entry / name).write_text("{}")
-    archive = offline.pack(tmp_path / "e.tar.gz", run_dir, cache, ["ch05_coverage_nat"], probe=True)
-    logs = ["book/logs/run-abc/log.json", "book/logs/run-abc/meta.json", "book/logs/run-dry/log.json",
-            "book/logs/run-dry/meta.json"]
+    unfinished = cache / "natcurve-0123456789abcdef" / "work"  # cut off at the deadline: no meta.json yet
+    unfinished.mkdir(parents=True)
+    for name in ("log.json", "last.pt"):
+        (unfinished / name).write_text("[]")
+    archive = offline.pack(tmp_path / "e.tar.gz", work, cache, ["ch05_coverage_nat"], probe=True)
+    logs = ["book/logs/natcurve-0123456789abcdef/partial-log.json", "book/logs/run-abc/log.json",
+            "book/logs/run-abc/meta.json", "book/logs/run-dry/log.json", "book/logs/run-dry/meta.json"]
     with tarfile.open(archive) as tar:
         assert sorted(tar.getnames()) == ["book/benchmarks/probe/nvidia-h100.json",
                                           "book/benchmarks/probe/nvidia-h100.md", "book/ch05_coverage_nat.ipynb",
                                           *logs, "book/results/ch05_coverage_nat.json"]
     assert offline.checked_members(archive)  # what run packs, unpack takes
-    without_probe = offline.pack(tmp_path / "f.tar.gz", run_dir, cache, ["ch05_coverage_nat"])
+    without_probe = offline.pack(tmp_path / "f.tar.gz", work, cache, ["ch05_coverage_nat"])
     with tarfile.open(without_probe) as tar:  # the book's own probe reports are not this run's evidence
         assert not [name for name in tar.getnames() if "probe" in name]
+    old = time.time() - 3600  # the book's own copy of a results file, never rewritten by this run's notebook
+    os.utime(book / "results" / "ch05_coverage_nat.json", (old, old))
+    fresh_only = offline.pack(tmp_path / "g.tar.gz", work, cache, ["ch05_coverage_nat"], since=time.time() - 60)
+    with tarfile.open(fresh_only) as tar:
+        assert "book/ch05_coverage_nat.ipynb" in tar.getnames()
+        assert "book/results/ch05_coverage_nat.json" not in tar.getnames()
+
+
+def notebook(*counts) -> bytes:
+    return json.dumps({"cells": [{"cell_type": "markdown", "source": "# t"}] +
+                      [{"cell_type": "code", "source": "x = 1", "execution_count": c} for c in counts]}).encode()
+
+
+def test_unpack_leaves_the_page_alone_when_the_notebook_was_cut_off(tmp_path, capsys):
+    home = tmp_path / "home"
+    (home / "book").mkdir(parents=True)
+    (home / "book" / "ch00_transformer_baseline.ipynb").write_bytes(notebook(1, 2))
+    archive = archive_of(tmp_path / "e.tar.gz", {"book/ch00_transformer_baseline.ipynb": notebook(1, None),
+                                                 "book/ch05_coverage_nat.ipynb": notebook(1, 2),
+                                                 "book/logs/run-abc/log.json": b"[]"})
+    names = offline.unpack(archive, home)
+    assert names == ["book/ch05_coverage_nat.ipynb", "book/logs/run-abc/log.json"]
+    assert (home / "book" / "ch00_transformer_baseline.ipynb").read_bytes() == notebook(1, 2)
+    assert "skipped book/ch00_transformer_baseline.ipynb: cut off" in capsys.readouterr().err
+
+
+def test_parallel_steps_each_get_their_own_minutes_and_a_chatty_one_never_stalls(tmp_path):
+    import sys
+    import time
+
+    chatty = [sys.executable, "-c", "import sys; sys.stdout.write('x' * 10 ** 6); print(); print('done')"]
+    quick = offline.Step("quick", [sys.executable, "-c", "print('ok')"])
+    slow = offline.Step("slow", [sys.executable, "-c", "import time; time.sleep(60)"])
+    steps = offline.run_parallel([offline.Step("chatty", chatty), quick, slow], {}, time.monotonic() + 8,
+                                 tmp_path / "outputs")
+    assert [s.returncode for s in steps[:2]] == [0, 0] and steps[0].tail[-1] == "done"
+    assert slow.timed_out and not quick.timed_out
+    assert quick.minutes < slow.minutes / 2  # measured when it exited, not when the slowest was reaped
+
+
+def test_a_chapter_is_executed_as_soon_as_its_own_runs_are_done(tmp_path, monkeypatch):
+    """One pipeline per chapter, all at once: a chapter's notebook starts when its shares finish, while another
+    chapter's shares still train."""
+    import threading
+    import time
+
+    events, lock = [], threading.Lock()
+
+    def note(what):
+        with lock:
+            events.append(what)
+
+    def fake_parallel(steps, env, deadline, logs):
+        time.sleep(0.1 if "ch00" in steps[0].name else 1.0)
+        note(f"shares of {steps[0].name.split()[0]} done")
+        for step in steps:
+            step.returncode = 0
+        return steps
+
+    def fake_step(step, env, deadline):
+        note(f"notebook {step.name.split()[0]}")
+        step.returncode = 0
+        return step
+
+    monkeypatch.setattr(offline, "run_parallel", fake_parallel)
+    monkeypatch.setattr(offline, "run_step", fake_step)
+    monkeypatch.setattr(offline, "supports_parts", lambda chapter: True)
+    monkeypatch.setattr(offline, "install_wheels", lambda bundle, site: False)
+    monkeypatch.setattr(offline, "device_report", lambda: "no device")
+    _, failed = offline.run(tmp_path / "out", ["ch00_transformer_baseline", "ch05_coverage_nat"], "small", "cpu",
+                            tmp_path / "bundle", parts=3, smoke=False, cache=tmp_path / "cache")
+    assert failed == []
+    assert events == ["shares of ch00_transformer_baseline done", "notebook ch00_transformer_baseline",
+                      "shares of ch05_coverage_nat done", "notebook ch05_coverage_nat"]
 
 
 def test_a_step_past_the_deadline_is_killed_and_says_so(tmp_path):
@@ -186,3 +268,24 @@ def test_a_chapter_that_fails_makes_the_command_fail_after_packing_its_evidence(
                          "--parts", "1", "--no-smoke"])
     assert code == 1 and (tmp_path / "out" / "evidence.tar.gz").is_file()
     assert "exit 1" in (tmp_path / "out" / "summary.txt").read_text()
+
+
+def test_parts_are_one_number_for_every_chapter_or_one_per_chapter(tmp_path, monkeypatch, capsys):
+    seen = {}
+
+    def fake_pipeline(chapter, scale, device, seed, parts, *rest):
+        seen[chapter] = parts
+        return []
+
+    monkeypatch.setattr(offline, "chapter_pipeline", fake_pipeline)
+    monkeypatch.setattr(offline, "install_wheels", lambda bundle, site: False)
+    monkeypatch.setattr(offline, "device_report", lambda: "no device")
+    common = ["run", "--out", str(tmp_path / "out"), "--device", "cpu", "--bundle", str(tmp_path / "bundle"),
+              "--cache", str(tmp_path / "cache"), "--no-smoke", "--chapter", "ch00_transformer_baseline",
+              "ch05_coverage_nat"]
+    assert offline.main([*common, "--parts", "3", "12"]) == 0
+    assert seen == {"ch00_transformer_baseline": 3, "ch05_coverage_nat": 12}
+    assert offline.main([*common, "--parts", "6"]) == 0
+    assert seen == {"ch00_transformer_baseline": 6, "ch05_coverage_nat": 6}
+    assert offline.main([*common, "--parts", "3", "4", "5"]) == 2
+    assert "one per chapter (2), not 3 4 5" in capsys.readouterr().err
