@@ -189,9 +189,9 @@ def run_training(model, data: TranslationData, train_cfg: TrainConfig, device: t
     if (folder / "last.pt").is_file():
         print(f"resuming the interrupted run {folder.name} (run cache)")  # its name: a page shows no machine path
         trainer.resume(folder / "last.pt")
-    start = time.perf_counter()
+    start, before = time.perf_counter(), trainer.state.wall_time_s  # an interrupted run's time counts too
     history = trainer.train()
-    wall = time.perf_counter() - start
+    wall = before + time.perf_counter() - start
     trainer.resume(folder / "best.pt")
     return RunResult(trainer.model.eval(), history, wall, folder)
 

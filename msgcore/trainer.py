@@ -100,6 +100,7 @@ class TrainState:
     source_tokens: int = 0  # real source tokens trained on so far (every process): the run's budget
     target_tokens: int = 0  # real target tokens trained on so far (every process)
     history: list = field(default_factory=list)  # log rows: {"kind": "train"|"valid", ...}
+    wall_time_s: float = 0.0  # training wall time up to this checkpoint, over every resume (work lost to a kill not)
 
 
 def native_bf16(device: torch.device) -> bool:
@@ -249,6 +250,7 @@ class Trainer:
                                            weight_decay=cfg.weight_decay, fused=device.type == "cuda")
         self.scheduler = LambdaLR(self.optimizer, lr_schedule(cfg.schedule, cfg.warmup_steps))
         self.state = TrainState()
+        self.clock: float | None = None  # perf_counter() minus the wall time trained so far, set by train()
         self.best_statistics = None  # the best validation's per-sentence BLEU statistics (`validate_here`'s noise)
         self.run_info: dict = {}  # what the caller wants kept with each checkpoint (the CLI: its options, data hash)
         self.amp_dtype = self.resolve_amp(cfg.amp, device)
@@ -355,6 +357,7 @@ class Trainer:
         """Run until max_epochs, max_steps or early stopping; returns the log history."""
         if self.state.step == 0:  # a fresh run; a resumed one restored its RNG states instead
             torch.manual_seed(self.cfg.seed + self.rank)  # each process its own dropout stream
+        self.clock = time.perf_counter() - self.state.wall_time_s  # a resumed run's clock goes on from its checkpoint
         while not self.done():
             self.run_epoch()
         if self.validated_steps() and self.validated_steps()[-1] != self.state.step:
@@ -504,6 +507,8 @@ class Trainer:
         weights, never trained on) the Adam state, two thirds of the file, is left out."""
         if self.rank > 0:
             return
+        if self.clock is not None:
+            self.state.wall_time_s = time.perf_counter() - self.clock
         checkpoint = {
             "model": (weights := self.model.state_dict()), "weights_sha256": weights_sha256(weights),
             "model_class": type(self.model).__name__, "model_config": self.model.cfg.to_dict(),
@@ -569,7 +574,7 @@ def check_state_types(state: TrainState) -> None:
     """TrainState's fields must have their types: a garbage state is refused before training on it."""
     whole = ("step", "epoch", "batch_in_epoch", "best_step", "bad_validations", "source_tokens", "target_tokens")
     if any(type(getattr(state, name)) is not int for name in whole) or not isinstance(state.best_bleu, (int, float)) \
-            or not isinstance(state.history, list) or state.step < 0 or state.epoch < 0 or state.batch_in_epoch < 0:
+            or not isinstance(state.history, list) or not isinstance(state.wall_time_s, (int, float)) or state.step < 0 or state.epoch < 0 or state.batch_in_epoch < 0:
         raise TypeError("wrong types or negative counters in the trainer state")
 
 

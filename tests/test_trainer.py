@@ -65,6 +65,24 @@ def test_resume_continues_exactly(toy, tmp_path):
     assert losses(straight)[-1] == losses(resumed)[-1]
 
 
+def test_a_resumed_run_counts_the_wall_time_of_its_interrupted_part(toy, tmp_path, monkeypatch):
+    import time
+
+    _, tokenizer, encoded = toy
+    ticks = iter(range(0, 10 ** 6, 10))  # a clock that advances 10 s on every reading
+    monkeypatch.setattr(time, "perf_counter", lambda: float(next(ticks)))
+    first = Trainer(tiny_model(tokenizer), tokenizer, encoded, None, None, replace(CFG, max_steps=5), CPU,
+                    tmp_path)
+    first.train()  # its last.pt holds the time it took
+    spent = load_checkpoint(tmp_path / "last.pt")["state"]["wall_time_s"]
+    assert spent > 0
+    resumed = Trainer(tiny_model(tokenizer), tokenizer, encoded, None, None, replace(CFG, max_steps=8), CPU,
+                      tmp_path)
+    resumed.resume(tmp_path / "last.pt")
+    resumed.train()
+    assert resumed.state.wall_time_s > spent  # goes on from the checkpoint, not from zero
+
+
 def test_nan_loss_stops_with_the_step(toy, tmp_path):
     _, tokenizer, encoded = toy
     model = tiny_model(tokenizer)
