@@ -441,8 +441,8 @@ def run_row(entry: Path) -> dict | None:
     return {"entry": entry.name, "status": "finished" if finished else "cut off", "device": meta.get("device", "–"),
             "commit": meta.get("commit", "–"), "updates": updates, "epochs": max(e["epoch"] for e in train),
             "minutes": round(wall / 60, 1) if wall else "–",
-            "ms per update": round(1000 * wall / updates) if wall else "–",
-            "target tokens/s (median)": f"{speeds[len(speeds) // 2]:,.0f}",
+            "ms per update (wall, validations included)": round(1000 * wall / updates) if wall else "–",
+            "target tokens/s (median of the training windows)": f"{speeds[len(speeds) // 2]:,.0f}",
             "best dev BLEU": f"{best['valid_bleu']:.2f} at {best['step']:,}" if best else "–"}
 
 

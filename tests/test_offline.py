@@ -289,3 +289,22 @@ def test_parts_are_one_number_for_every_chapter_or_one_per_chapter(tmp_path, mon
     assert seen == {"ch00_transformer_baseline": 6, "ch05_coverage_nat": 6}
     assert offline.main([*common, "--parts", "3", "4", "5"]) == 2
     assert "one per chapter (2), not 3 4 5" in capsys.readouterr().err
+
+
+def test_report_tells_each_runs_cost_finished_or_cut_off(tmp_path):
+    train = lambda step, speed: {"kind": "train", "step": step, "epoch": 1, "tokens_per_s": speed}  # noqa: E731
+    valid = lambda step, bleu: {"kind": "valid", "step": step, "epoch": 1, "valid_bleu": bleu}  # noqa: E731
+    done, cut = tmp_path / "run-aaaaaaaaaaaaaaaa", tmp_path / "natcurve-bbbbbbbbbbbbbbbb"
+    done.mkdir()
+    cut.mkdir()
+    (done / "log.json").write_text(json.dumps([train(50, 100.0), valid(100, 20.0), train(150, 300.0),
+                                               valid(200, 19.0)]))
+    (done / "meta.json").write_text(json.dumps({"wall_time_s": 60.0, "device": "cuda", "commit": "abc"}))
+    (cut / "partial-log.json").write_text(json.dumps([train(50, 10.0), valid(100, 5.0)]))
+    (tmp_path / "distilled-cccccccccccccccc").mkdir()  # no training log: not a row
+    table = offline.report(tmp_path).splitlines()
+    assert len(table) == 4
+    assert "| run-aaaaaaaaaaaaaaaa | finished | cuda | abc | 200 | 1 | 1.0 | 300 | 300 | 20.00 at 100 |" in table
+    assert "| natcurve-bbbbbbbbbbbbbbbb | cut off | – | – | 100 | 1 | – | – | 10 | 5.00 at 100 |" in table
+    with pytest.raises(MsgcoreError, match="holds no training run's log"):
+        offline.report(tmp_path / "distilled-cccccccccccccccc")
