@@ -250,7 +250,7 @@ class Trainer:
                                            weight_decay=cfg.weight_decay, fused=device.type == "cuda")
         self.scheduler = LambdaLR(self.optimizer, lr_schedule(cfg.schedule, cfg.warmup_steps))
         self.state = TrainState()
-        self.clock: float | None = None  # perf_counter() minus the wall time trained so far, set by train()
+        self.wall_origin: float | None = None  # perf_counter() minus the wall time trained so far, set by train()
         self.best_statistics = None  # the best validation's per-sentence BLEU statistics (`validate_here`'s noise)
         self.run_info: dict = {}  # what the caller wants kept with each checkpoint (the CLI: its options, data hash)
         self.amp_dtype = self.resolve_amp(cfg.amp, device)
@@ -357,7 +357,7 @@ class Trainer:
         """Run until max_epochs, max_steps or early stopping; returns the log history."""
         if self.state.step == 0:  # a fresh run; a resumed one restored its RNG states instead
             torch.manual_seed(self.cfg.seed + self.rank)  # each process its own dropout stream
-        self.clock = time.perf_counter() - self.state.wall_time_s  # a resumed run's clock goes on from its checkpoint
+        self.wall_origin = time.perf_counter() - self.state.wall_time_s  # a resumed run's clock goes on from its checkpoint
         while not self.done():
             self.run_epoch()
         if self.validated_steps() and self.validated_steps()[-1] != self.state.step:
@@ -507,8 +507,8 @@ class Trainer:
         weights, never trained on) the Adam state, two thirds of the file, is left out."""
         if self.rank > 0:
             return
-        if self.clock is not None:
-            self.state.wall_time_s = time.perf_counter() - self.clock
+        if self.wall_origin is not None:
+            self.state.wall_time_s = time.perf_counter() - self.wall_origin
         checkpoint = {
             "model": (weights := self.model.state_dict()), "weights_sha256": weights_sha256(weights),
             "model_class": type(self.model).__name__, "model_config": self.model.cfg.to_dict(),
