@@ -333,6 +333,12 @@ class ChapterProgress:
         self.thread.join()
 
 
+def reused_entries(reuse_log: Path) -> list[str]:
+    """The run-cache entries a chapter reused, each once, in the order first reused (a notebook may read one entry
+    twice; counting it twice would also count its minutes twice in the cold cost)."""
+    return list(dict.fromkeys(reuse_log.read_text().split())) if reuse_log.is_file() else []
+
+
 def execute_chapter(src: Path, dst: Path, scale: str, device: str = "auto", seed: int = 0,
                     timeout: float | None = None) -> ChapterResult:
     """Run notebook `src` with papermill into `dst` (cwd = dst's folder); never raises on a cell error."""
@@ -357,7 +363,7 @@ def execute_chapter(src: Path, dst: Path, scale: str, device: str = "auto", seed
     finally:
         os.environ.pop("MSGCORE_REUSE_LOG", None)
     minutes = (time.perf_counter() - start) / 60
-    reused = reuse_log.read_text().split() if reuse_log.is_file() else []
+    reused = reused_entries(reuse_log)
     if error:
         return ChapterResult(src.stem, scale, "FAILED", minutes, error, reused)
     tag_parameter_cells(dst)

@@ -443,3 +443,10 @@ def test_a_chapter_executed_on_a_gpu_is_never_silently_replaced_by_a_cpu_executi
                            replace_gpu_results=True)
     cost = nbformat.read(committed, as_version=4).metadata["msgcore"]["cost"]
     assert report.ok and cost["device type"] == "cpu"  # the execution records where it ran
+
+
+def test_a_chapter_that_reads_an_entry_twice_counts_it_once(tmp_path):
+    log = tmp_path / "ch.reused.txt"
+    log.write_text("run-a\nrun-b\nrun-a\nrun-c\nrun-b\n")
+    assert book.reused_entries(log) == ["run-a", "run-b", "run-c"]
+    assert book.reused_entries(tmp_path / "absent.txt") == []
