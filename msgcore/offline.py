@@ -237,6 +237,18 @@ def run_parallel(steps: list[Step], env: dict, deadline: float, logs: Path) -> l
     return steps
 
 
+def parts_per_chapter(parts: int | list[int], chapters: list[str]) -> list[int]:
+    """Each chapter's number of processes: one number for every chapter, or one per chapter; else a one-line
+    error, before any work."""
+    counts = [parts] if isinstance(parts, int) else list(parts)
+    if len(counts) == 1:
+        counts *= len(chapters)
+    if len(counts) != len(chapters) or min(counts, default=1) < 1:
+        raise MsgcoreError(f"--parts takes one number of processes (1 or more) for every chapter, or one per "
+                           f"chapter ({len(chapters)}), not {' '.join(map(str, parts if isinstance(parts, list) else [parts]))}")
+    return counts
+
+
 def chapter_pipeline(chapter: str, scale: str, device: str, seed: int, parts: int, caps: list[str], env: dict,
                      deadline: float, notebook_min: float, work: Path) -> list[Step]:
     """One chapter's steps: its seed shares side by side (stopped `notebook_min` minutes before the deadline), then
@@ -263,6 +275,10 @@ def run(out: Path, chapters: list[str], scale: str, device: str = "cuda", bundle
     seed shares, then its notebook: `chapter_pipeline`) starts at once."""
     from concurrent.futures import ThreadPoolExecutor
 
+    shares = parts_per_chapter(parts, chapters)
+    if not 0 <= notebook_min < deadline_min:
+        raise MsgcoreError(f"--notebook-min {notebook_min:g} must be at least 0 and below --deadline-min "
+                           f"{deadline_min:g}")
     began, deadline = time.time(), time.monotonic() + 60 * deadline_min
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="msgcore-offline-"))
@@ -285,7 +301,6 @@ def run(out: Path, chapters: list[str], scale: str, device: str = "cuda", bundle
     if smoke and scale != "smoke":
         steps.append(run_step(Step("smoke pass", [*book, "--scale", "smoke", "--out", str(work / "smoke"), *caps]),
                               {**env, "MSGCORE_RUNS": str(work / "smoke-cache")}, deadline))
-    shares = [parts] * len(chapters) if isinstance(parts, int) else parts * len(chapters) if len(parts) == 1 else parts
     with ThreadPoolExecutor(max_workers=len(chapters)) as pool:
         pipelines = [pool.submit(chapter_pipeline, chapter, scale, device, seed, n, caps, env, deadline,
                                  notebook_min, work) for chapter, n in zip(chapters, shares)]
@@ -455,7 +470,13 @@ def report(logs: Path) -> str:
 
     if not logs.is_dir():
         raise MsgcoreError(f"{logs} is not a folder of run logs")
-    rows = [row for entry in sorted(logs.iterdir()) if entry.is_dir() and (row := run_row(entry))]
+    rows = []
+    for entry in sorted(path for path in logs.iterdir() if path.is_dir()):
+        try:
+            row = run_row(entry)
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError, ValueError) as error:
+            raise MsgcoreError(f"{entry} holds no readable training log ({type(error).__name__})") from None
+        rows += [row] if row else []
     if not rows:
         raise MsgcoreError(f"{logs} holds no training run's log")
     return markdown_table(pd.DataFrame(rows)) + "\n"
@@ -489,10 +510,10 @@ def main(argv: list[str] | None = None) -> int:
     rn.add_argument("--cache", type=Path, default=CACHE, help="the run cache, kept for the next command")
     rn.add_argument("--dry-run", action="store_true", help="every loop capped (msgcore.dryrun): a check of the path")
     up = commands.add_parser("unpack", help="write an evidence archive into book/ and regenerate README")
-    rp = commands.add_parser("report", help="a markdown table of what each run under a logs folder cost")
-    rp.add_argument("logs", type=Path, nargs="?", default=REPO_ROOT / "book" / "logs")
     up.add_argument("archive", type=Path)
     up.add_argument("--root", type=Path, default=REPO_ROOT, help="the checkout to write into")
+    rp = commands.add_parser("report", help="a markdown table of what each run under a logs folder cost")
+    rp.add_argument("logs", type=Path, nargs="?", default=REPO_ROOT / "book" / "logs")
     args = parser.parse_or_exit_code(argv)
     if isinstance(args, int):
         return args
@@ -501,9 +522,6 @@ def main(argv: list[str] | None = None) -> int:
             size = stage(args.bundle, with_wheels=not args.no_wheels)
             print(f"{args.bundle}: {size / 2 ** 20:.1f} MiB ({'wheels, ' if not args.no_wheels else ''}data, commit)")
         elif args.command == "run":
-            if len(args.parts) not in (1, len(args.chapter)) or min(args.parts) < 1:
-                raise MsgcoreError(f"--parts takes one number of processes (1 or more) for every chapter, or one per "
-                                   f"chapter ({len(args.chapter)}), not {' '.join(map(str, args.parts))}")
             archive, failed = run(args.out, args.chapter, args.scale, args.device, args.bundle, args.seed,
                                   args.parts, args.deadline_min, not args.no_smoke, args.dry_run, args.probe, args.cache,
                                   args.notebook_min)

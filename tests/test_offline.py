@@ -289,6 +289,9 @@ def test_parts_are_one_number_for_every_chapter_or_one_per_chapter(tmp_path, mon
     assert seen == {"ch00_transformer_baseline": 6, "ch05_coverage_nat": 6}
     assert offline.main([*common, "--parts", "3", "4", "5"]) == 2
     assert "one per chapter (2), not 3 4 5" in capsys.readouterr().err
+    late = ["--out", str(tmp_path / "late")]
+    assert offline.main([*common, *late, "--deadline-min", "2", "--notebook-min", "2"]) == 2  # no time to train
+    assert "below --deadline-min 2" in capsys.readouterr().err and not (tmp_path / "late").exists()
 
 
 def test_report_tells_each_runs_cost_finished_or_cut_off(tmp_path):
@@ -308,3 +311,7 @@ def test_report_tells_each_runs_cost_finished_or_cut_off(tmp_path):
     assert "| natcurve-bbbbbbbbbbbbbbbb | cut off | – | – | 100 | 1 | – | – | 10 | 5.00 at 100 |" in table
     with pytest.raises(MsgcoreError, match="holds no training run's log"):
         offline.report(tmp_path / "distilled-cccccccccccccccc")
+    (tmp_path / "run-dddddddddddddddd").mkdir()
+    (tmp_path / "run-dddddddddddddddd" / "log.json").write_text('[{"kind": "train"}]')  # no step: not a log
+    with pytest.raises(MsgcoreError, match="run-dddddddddddddddd holds no readable training log"):
+        offline.report(tmp_path)
