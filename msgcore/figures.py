@@ -30,6 +30,8 @@ class Stack:
 def describe(module: nn.Module) -> str:
     """One block in a few words: its class and the sizes that define it."""
     kind = type(module).__name__
+    if isinstance(module, nn.ModuleDict):  # one block per key (MixRep's BPE and SentencePiece streams), a line each
+        return "\n".join(f"{key}: {describe(child)}" for key, child in module.items())
     if isinstance(module, nn.Linear):
         return f"{kind} {module.in_features}→{module.out_features}"
     if isinstance(module, nn.Embedding):
@@ -56,7 +58,8 @@ def layer_text(layer: nn.Module) -> str:
 def stacks(model: nn.Module) -> list[Stack]:
     """The model's layer stacks in declaration order: every non-empty ModuleList of a module, named after the module
     when the list is its `layers` and after the list otherwise (POSTECH's joint encoder holds `src_layers` and
-    `mt_layers`). A stack inside another stack's layers is part of that one."""
+    `mt_layers`, each with its own final norm: `src_final_norm`, `mt_final_norm`). A stack inside another stack's
+    layers is part of that one."""
     found: list[Stack] = []
     inside: list[str] = []
     for name, module in model.named_modules():
@@ -65,9 +68,12 @@ def stacks(model: nn.Module) -> list[Stack]:
         children = list(module.named_children())
         order = [n for n, _ in children]
         lists = [(n, c) for n, c in children if isinstance(c, nn.ModuleList) and len(c)]
+        prefixes = {attr: attr.removesuffix("layers") for attr, _ in lists}  # "src_layers" -> "src_"
         for attr, layers in lists:
             inside.append(f"{name}.{attr}" if name else attr)
-            others = [(n, c) for n, c in children if not isinstance(c, nn.ModuleList)]
+            theirs = [p for a, p in prefixes.items() if a != attr and p]  # a sibling named after another stack (
+            others = [(n, c) for n, c in children if not isinstance(c, nn.ModuleList)  # POSTECH's mt_final_norm) is
+                      and not any(n.startswith(p) for p in theirs)]  # that stack's alone
             below = [f"{n}: {describe(c)}" for n, c in others if order.index(n) < order.index(attr)]
             above = [f"{n}: {describe(c)}" for n, c in others if order.index(n) > order.index(attr)]
             label = name or type(model).__name__
@@ -126,7 +132,7 @@ def architecture(model: nn.Module, title: str | None = None, flows: dict[str, li
             x, y = position[source], position[target]
             ax.add_patch(FancyArrowPatch((x + (0.85 if y > x else 0.15), tops[x] - GAP), (y + (0.15 if y > x else 0.85),
                                          tops[y] / 2), arrowstyle="-|>", mutation_scale=12, color="#555555",
-                                         connectionstyle="arc3,rad=-0.25"))
+                                         connectionstyle="arc3,rad=-0.25", zorder=4))  # over the boxes
     if title:
         ax.set_title(title)
     fig.tight_layout()

@@ -49,3 +49,10 @@ def test_every_papers_model_has_its_stacks_found_and_postechs_joint_encoder_has_
     assert all(len(found) >= 2 for found in names.values()), names
     postech = stacks(PostechAPE(PostechConfig(**dims)))
     assert "src_attn" in postech[1].layers[0][0] and "src_attn" not in postech[0].layers[0][0]
+    # each stack of the joint encoder keeps its own final norm; the embeddings they share sit under both
+    assert [[text.split(":")[0] for text in stack.above] for stack in postech[:2]] == [["src_final_norm"],
+                                                                                       ["mt_final_norm"]]
+    assert postech[0].below == postech[1].below != []
+    mixrep = stacks(MixRepTransformer(MixRepConfig(**dims)))[0]  # the two streams' embeddings, one line each
+    assert mixrep.below[0].startswith("embed: bpe: Embeddings") and mixrep.below[0].split("\n")[1].startswith(
+        "sp: Embeddings")
