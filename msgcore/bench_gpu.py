@@ -1,0 +1,364 @@
+"""The GPU bench: what a `small` update costs on a GPU, what each change of the update buys, and HF's BART beside it.
+
+    python -m msgcore.bench_gpu              # on a GPU: book/benchmarks/gpu/<device>.json and .md (about 5 minutes)
+    python -m msgcore.bench_gpu --quick      # the `tiny` preset, a few updates, on any device: a check of the path
+
+On a GPU a `small`-preset update (d = 256, 3 + 3 layers) is launch-bound: the matrix work is a small part of the
+step, the rest is the host dispatching kernels one by one. Each variant changes one thing of the book's update
+(`Trainer.train_step` in bf16 autocast with the fused AdamW, as every chapter trains on a GPU) and is timed on the
+same token batches, after warm-up:
+
+    book                 the chapters' path as it stands
+    foreach AdamW        the multi-tensor AdamW instead of the fused one: what the fused kernel buys
+    background collate   the next batch collated, pinned and copied in a thread while this one trains
+    torch.compile        the model's loss compiled (forward and loss; AOTAutograd compiles the backward), dynamic
+                         shapes; the compile time is in the variant's warm-up seconds, not hidden
+
+Golden check: from the same initial weights, with dropout off, every variant takes the same `GOLDEN_UPDATES`
+updates on the same batches; the report gives the largest gap between its losses and the book's.
+
+Beside them, HF transformers' `BartForConditionalGeneration` at the same dimensions (`hf_bart`), wrapped so that the
+book's own `Trainer` trains it: the same batches, bf16 autocast, fused AdamW, schedule, clipping and
+label-smoothed loss, so that the ratio measures the model code alone. Decoding: beam 5 over the same 192 random
+sources in batches of 64 by both, after one warm-up batch. The sources are random token ids at Multi30k's lengths
+(msgcore.probe), so the bench needs no data.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batches
+from msgcore.generation import GenerationConfig
+from msgcore.loss import label_smoothed_cross_entropy
+from msgcore.model import Transformer, TransformerConfig, preset
+from msgcore.probe import BOS, EOS, LENGTHS, PAD, VOCAB, book_precision, random_corpus, where_the_time_goes
+from msgcore.trainer import Trainer, TrainConfig, lr_schedule, native_bf16
+from msgcore.utils import MsgcoreError, atomic_write, device_name, git_commit, resolve_device
+
+REPORTS = Path(__file__).resolve().parent.parent / "book" / "benchmarks" / "gpu"
+SETTINGS = (("small", 8192), ("small", 2048))  # (preset, tokens per batch); the first is the issue's target setting
+QUICK_SETTINGS = (("tiny", 512),)
+VARIANTS = ("book", "foreach AdamW", "background collate", "torch.compile")
+HF = "HF BART"
+GOLDEN_UPDATES = 20
+DECODE_BATCH, DECODE_BATCHES = 64, 4  # the first batch warms up
+TARGETS = {"ms per update, small at 8192 tokens": 5.0, "training throughput vs HF": 1.3,
+           "decoding throughput vs HF": 2.0}
+
+
+# ---- the models ------------------------------------------------------------------------------------------------
+
+class HFBart(nn.Module):
+    """HF's BartForConditionalGeneration at a TransformerConfig's dimensions, with the hooks `Trainer` calls.
+
+    # Deviation: BART itself is post-norm with learned positions and GELU; its cost per update is the same matrix
+    work as ours at the same dimensions, which is what the ratio compares.
+    """
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        from transformers import BartConfig, BartForConditionalGeneration
+
+        self.cfg = cfg
+        self.bart = BartForConditionalGeneration(BartConfig(
+            vocab_size=cfg.vocab_size, d_model=cfg.d_model, encoder_layers=cfg.encoder_layers,
+            decoder_layers=cfg.decoder_layers, encoder_attention_heads=cfg.n_heads,
+            decoder_attention_heads=cfg.n_heads, encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
+            dropout=cfg.dropout, attention_dropout=0.0, activation_dropout=0.0, activation_function="relu",
+            max_position_embeddings=cfg.max_positions, pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
+            decoder_start_token_id=BOS, forced_eos_token_id=None, scale_embedding=True, tie_word_embeddings=True))
+
+    def parameter_groups(self) -> list[dict]:
+        return [{"params": list(self.parameters()), "lr_scale": 1.0}]
+
+    def loss(self, batch, label_smoothing: float = 0.0) -> torch.Tensor:
+        logits = self.bart(input_ids=batch.sources[0], attention_mask=batch.source_masks[0],
+                           decoder_input_ids=batch.target_in, decoder_attention_mask=batch.target_mask).logits
+        return label_smoothed_cross_entropy(logits.flatten(0, 1), batch.target_out.flatten(), PAD, label_smoothing)
+
+    def generate(self, sources, source_masks, bos: int, eos: int, cfg: GenerationConfig) -> list[list[int]]:
+        """Beam search to the batch's longest source + `max_len_b` new tokens; the hypotheses without </s>."""
+        tokens, mask = sources[0], source_masks[0]
+        out = self.bart.generate(input_ids=tokens, attention_mask=mask, num_beams=cfg.beam_size, do_sample=False,
+                                 max_new_tokens=int(cfg.max_len_a * tokens.size(1)) + cfg.max_len_b,
+                                 decoder_start_token_id=bos, eos_token_id=eos, pad_token_id=PAD)
+        return [[t for t in row[1:].tolist() if t not in (PAD, eos)] for row in out]
+
+
+def build(name: str, cfg: TransformerConfig) -> nn.Module:
+    torch.manual_seed(0)
+    return HFBart(cfg) if name == HF else Transformer(cfg)
+
+
+def trainer_for(variant: str, model: nn.Module, data: EncodedCorpus, max_tokens: int, device: torch.device,
+                out: str) -> Trainer:
+    """The book's Trainer, changed as `variant` says."""
+    cfg = TrainConfig(max_tokens=max_tokens, amp=book_precision(device), progress=False, warmup_steps=100)
+    trainer = Trainer(model, None, data, None, None, cfg, device, out)
+    if variant == "foreach AdamW":
+        groups = [{"params": g["params"], "lr": g["initial_lr"]} for g in trainer.optimizer.param_groups]
+        trainer.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8,
+                                              weight_decay=cfg.weight_decay, foreach=True, fused=False)
+        trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer,
+                                                              lr_schedule(cfg.schedule, cfg.warmup_steps))
+    elif variant == "torch.compile":
+        model.loss = torch.compile(model.loss, dynamic=True)  # the instance's loss: Trainer.loss_sum calls it
+    return trainer
+
+
+# ---- the batches -----------------------------------------------------------------------------------------------
+
+def on_device(data: EncodedCorpus, idx: list[int], device: torch.device, pin: bool = False):
+    """One batch on `device` with its host-side counts (source tokens, target tokens)."""
+    batch = collate(data, idx)
+    counts = Trainer.source_tokens(batch), batch.num_target_tokens
+    if pin and device.type == "cuda":
+        return batch.pin_memory().to(device, non_blocking=True), counts
+    return batch.to(device), counts
+
+
+def batch_stream(variant: str, data: EncodedCorpus, batches: list[list[int]], device: torch.device) -> Iterator:
+    """The batches on `device` in order: collated on this thread, or one ahead in a background thread."""
+    if variant != "background collate":
+        for idx in batches:
+            yield on_device(data, idx, device)
+        return
+    with ThreadPoolExecutor(1) as pool:
+        ahead = pool.submit(on_device, data, batches[0], device, True)
+        for idx in batches[1:] + [None]:
+            current = ahead.result()
+            if idx is not None:
+                ahead = pool.submit(on_device, data, idx, device, True)
+            yield current
+
+
+# ---- the measurements ------------------------------------------------------------------------------------------
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_row(variant: str, preset_name: str, max_tokens: int, device: torch.device, steps: int, warmup: int,
+              profile: bool = False) -> dict:
+    """ms per update (median) and target tokens/s of `steps` updates after `warmup` (whose seconds, a compile
+    included, are reported); with `profile`, torch.profiler's table of 5 more updates."""
+    cfg = preset(preset_name, vocab_size=VOCAB, pad_id=PAD, dropout=0.1)
+    model = build(variant, cfg)
+    data = random_corpus(max(64, (warmup + steps + 5) * max_tokens // (LENGTHS[0] + LENGTHS[1]) * 2), seed=0)
+    batches = token_batches(example_lengths(data), max_tokens, shuffle=True, seed=0)[:warmup + steps]
+    with tempfile.TemporaryDirectory() as out:
+        trainer = trainer_for(variant if variant != HF else "book", model, data, max_tokens, device, out)
+        times, tokens, start = [], 0, time.perf_counter()
+        warmup_s = 0.0
+        for i, (batch, (source_tokens, target_tokens)) in enumerate(batch_stream(variant, data, batches, device)):
+            if i == warmup:
+                synchronize(device)
+                warmup_s = time.perf_counter() - start
+            begin = time.perf_counter()
+            _, n = trainer.train_step([batch], source_tokens, target_tokens)
+            synchronize(device)  # each update timed on its own: the host may not run ahead of the device
+            if i >= warmup:
+                times.append(time.perf_counter() - begin)
+                tokens += n
+
+        def five_updates():
+            for batch, (source_tokens, target_tokens) in batch_stream(variant, data, batches[:5], device):
+                trainer.train_step([batch], source_tokens, target_tokens)
+
+        table = where_the_time_goes(five_updates, device) if profile else None
+    return {"variant": variant, "preset": preset_name, "tokens per batch": max_tokens,
+            "ms per update": 1000 * statistics.median(times), "target tokens/s": tokens / sum(times),
+            "updates timed": len(times), "warm-up s": warmup_s, **({"profile": table} if table else {})}
+
+
+def golden_losses(variant: str, preset_name: str, max_tokens: int, device: torch.device,
+                  updates: int = GOLDEN_UPDATES) -> list[float]:
+    """The losses of `updates` updates with dropout off, from the seed-0 weights, on the seed-0 batches."""
+    model = build(variant, preset(preset_name, vocab_size=VOCAB, pad_id=PAD, dropout=0.0))
+    data = random_corpus(max(64, (updates + 2) * max_tokens // (LENGTHS[0] + LENGTHS[1]) * 2), seed=0)
+    batches = token_batches(example_lengths(data), max_tokens, shuffle=True, seed=0)[:updates]
+    losses = []
+    with tempfile.TemporaryDirectory() as out:
+        trainer = trainer_for(variant, model, data, max_tokens, device, out)
+        for batch, (source_tokens, target_tokens) in batch_stream(variant, data, batches, device):
+            loss, _ = trainer.train_step([batch], source_tokens, target_tokens)
+            losses.append(float(loss))
+    return losses
+
+
+def decode_row(name: str, preset_name: str, device: torch.device) -> dict:
+    """Beam-5 decoding of DECODE_BATCHES batches of DECODE_BATCH random sources (the first one warms up)."""
+    model = build(name, preset(preset_name, vocab_size=VOCAB, pad_id=PAD)).to(device).eval()
+    cfg = GenerationConfig(beam_size=5, max_len_a=1.0, max_len_b=5)
+    data = random_corpus(DECODE_BATCHES * DECODE_BATCH, seed=1)
+    amp = torch.bfloat16 if native_bf16(device) else None
+    generated, sentences, start = 0, 0, 0.0
+    with torch.no_grad(), torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+        for i in range(DECODE_BATCHES):
+            b = collate(data, list(range(i * DECODE_BATCH, (i + 1) * DECODE_BATCH))).to(device)
+            hypotheses = model.generate(b.sources, b.source_masks, BOS, EOS, cfg)
+            synchronize(device)
+            if i == 0:
+                start = time.perf_counter()
+                continue
+            generated, sentences = generated + sum(len(h) for h in hypotheses), sentences + len(hypotheses)
+    seconds = time.perf_counter() - start
+    return {"variant": name, "preset": preset_name, "generated tokens/s": generated / seconds,
+            "ms per sentence": 1000 * seconds / sentences, "generated tokens": generated}
+
+
+# ---- the report ------------------------------------------------------------------------------------------------
+
+def bench(device: torch.device, quick: bool = False, with_hf: bool = True,
+          save: Callable[[dict], None] = lambda report: None) -> dict:
+    """Every row, in the order that keeps the cheap ones first; `save(report)` after each, so that a command cut
+    off by its time limit still leaves what it measured."""
+    settings = QUICK_SETTINGS if quick else SETTINGS
+    steps, warmup = (4, 2) if quick else (40, 10)  # torch.compile warms up for twice as many: its recompiles
+    golden_updates = 3 if quick else GOLDEN_UPDATES
+    variants = VARIANTS + ((HF,) if with_hf else ())
+    report = {"device": device_name(device), "torch": torch.__version__, "commit": git_commit(),
+              "precision": book_precision(device), "quick": quick, "train": [], "golden": {}, "decode": []}
+    last = [v for v in variants if v != "torch.compile"] + ["torch.compile"]  # the slow compile last
+    target_preset, target_tokens = settings[0]
+    for variant in last:
+        for preset_name, tokens in settings:
+            profile = (preset_name, tokens) == settings[0] and variant in ("book", "torch.compile", HF)
+            report["train"].append(train_row(variant, preset_name, tokens, device, steps,
+                                             warmup * (2 if variant == "torch.compile" else 1), profile))
+            row = report["train"][-1]
+            print(f"{variant}, {preset_name} at {tokens} tokens: {row['ms per update']:.2f} ms per update "
+                  f"(warm-up {row['warm-up s']:.1f} s)", flush=True)
+            save(report)
+        if variant != HF:
+            report["golden"][variant] = golden_losses(variant, target_preset, target_tokens, device,
+                                                      golden_updates)
+            save(report)
+        if variant in ("book", HF):
+            report["decode"].append(decode_row(variant, settings[0][0], device))
+            print(f"{variant}, beam 5: {report['decode'][-1]['generated tokens/s']:,.0f} generated tokens/s",
+                  flush=True)
+            save(report)
+    return report
+
+
+def golden_gap(report: dict, variant: str) -> float | None:
+    """The largest |loss - book's loss| over the golden updates, or None when either was not measured."""
+    book, other = report["golden"].get("book"), report["golden"].get(variant)
+    if not book or not other:
+        return None
+    return max(abs(a - b) for a, b in zip(book, other))
+
+
+def summary(report: dict) -> dict[str, float]:
+    """The targets' measures: the fastest variant at the target setting, and msgcore's ratios to HF."""
+    out = {}
+    first = report["train"][0] if report["train"] else None
+    if first is None:
+        return out
+    setting = (first["preset"], first["tokens per batch"])
+    ours = [r for r in report["train"] if (r["preset"], r["tokens per batch"]) == setting and r["variant"] != HF]
+    best = min(ours, key=lambda r: r["ms per update"])
+    out[f"ms per update, {setting[0]} at {setting[1]} tokens"] = best["ms per update"]
+    out["fastest variant"] = best["variant"]
+    hf = [r for r in report["train"] if (r["preset"], r["tokens per batch"]) == setting and r["variant"] == HF]
+    if hf:
+        book = next(r for r in ours if r["variant"] == "book")
+        out["training throughput vs HF"] = book["target tokens/s"] / hf[0]["target tokens/s"]
+    decode = {r["variant"]: r for r in report["decode"]}
+    if "book" in decode and HF in decode:
+        out["decoding throughput vs HF"] = (decode["book"]["generated tokens/s"]
+                                            / decode[HF]["generated tokens/s"])
+    return out
+
+
+def cell(value) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 1 else f"{value:,.1f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def markdown(report: dict) -> str:
+    """The report as Markdown: the variants, the golden gaps, decoding, the targets, then the profiler tables."""
+    lines = [f"GPU bench on {report['device']} (torch {report['torch']}, commit {report['commit']}, precision "
+             f"{report['precision']}).", "",
+             "| variant | preset | tokens per batch | ms per update | target tokens/s | × book | warm-up s | "
+             "golden max abs loss gap |", "|" + " --- |" * 8]
+    book = {(r["preset"], r["tokens per batch"]): r for r in report["train"] if r["variant"] == "book"}
+    for r in report["train"]:
+        base = book.get((r["preset"], r["tokens per batch"]))
+        ratio = r["target tokens/s"] / base["target tokens/s"] if base else None
+        gap = golden_gap(report, r["variant"]) if r["variant"] not in ("book", HF) else None
+        lines.append("| " + " | ".join(cell(c) for c in (r["variant"], r["preset"], r["tokens per batch"],
+                                                         r["ms per update"], r["target tokens/s"], ratio,
+                                                         r["warm-up s"], gap)) + " |")
+    if report["decode"]:
+        lines += ["", "| beam 5, batch 64 | generated tokens/s | ms per sentence |", "| --- | --- | --- |"]
+        lines += [f"| {r['variant']} | {cell(r['generated tokens/s'])} | {cell(r['ms per sentence'])} |"
+                  for r in report["decode"]]
+    measured = summary(report)
+    if measured:
+        lines += ["", "| target | measured | goal |", "| --- | --- | --- |"]
+        for key, goal in TARGETS.items():
+            if key in measured:
+                sign = "≤" if key.startswith("ms") else "≥"
+                lines.append(f"| {key} | {cell(measured[key])} | {sign} {goal} |")
+    for r in report["train"]:
+        if r.get("profile"):
+            lines += ["", f"Where the time goes ({r['variant']}, {r['preset']} at {r['tokens per batch']} tokens, "
+                          "5 updates; torch.profiler, the most host time first):", "", "```",
+                      r["profile"].rstrip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def write(report: dict, out: Path) -> Path:
+    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in report["device"]).strip("-").lower()
+    out.mkdir(parents=True, exist_ok=True)
+    for suffix, text in ((".json", json.dumps(report, indent=1)), (".md", markdown(report))):
+        with atomic_write(out / f"{name}{suffix}", "w") as f:
+            f.write(text)
+    return out / f"{name}.md"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from msgcore.options import OneLineParser, device_option
+
+    parser = OneLineParser(prog="python -m msgcore.bench_gpu", description=__doc__.splitlines()[0])
+    parser.add_argument("--device", type=device_option, default="auto")
+    parser.add_argument("--quick", action="store_true", help="tiny preset, a few updates: a check of the path")
+    parser.add_argument("--no-hf", action="store_true", help="leave out HF's BART (transformers not installed)")
+    parser.add_argument("--out", type=Path, default=REPORTS, help="folder of the report (<device>.json and .md)")
+    args = parser.parse_or_exit_code(argv)
+    if isinstance(args, int):
+        return args
+    try:
+        device = resolve_device(args.device)
+        if not args.no_hf:
+            try:
+                import transformers  # noqa: F401
+            except ImportError:
+                raise MsgcoreError("HF's BART needs transformers (pip install transformers), or pass --no-hf")
+        report = bench(device, args.quick, not args.no_hf, save=lambda r: write(r, args.out))
+    except MsgcoreError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(write(report, args.out).read_text(), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

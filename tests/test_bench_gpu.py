@@ -1,0 +1,71 @@
+"""The GPU bench (msgcore.bench_gpu), checked on the CPU: each variant is the book's update changed in one way
+only (its losses equal the book's), the background stream yields the same batches, and the report's targets."""
+import importlib.util
+
+import pytest
+import torch
+
+from msgcore import bench_gpu
+from msgcore.batching import example_lengths, token_batches
+from msgcore.probe import random_corpus
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("variant", ["foreach AdamW", "background collate"])
+def test_a_variant_takes_the_books_updates_with_the_same_losses(variant):
+    book = bench_gpu.golden_losses("book", "tiny", 256, CPU, updates=3)
+    other = bench_gpu.golden_losses(variant, "tiny", 256, CPU, updates=3)
+    assert len(book) == 3 and book[0] > book[-1] - 1.0  # three real updates on random tokens
+    assert other == pytest.approx(book, abs=1e-4)
+
+
+def test_the_background_stream_yields_the_same_batches_in_order():
+    data = random_corpus(200)
+    batches = token_batches(example_lengths(data), 256, shuffle=True, seed=0)[:6]
+    direct = list(bench_gpu.batch_stream("book", data, batches, CPU))
+    ahead = list(bench_gpu.batch_stream("background collate", data, batches, CPU))
+    assert len(direct) == len(ahead) == 6
+    for (a, counts_a), (b, counts_b) in zip(direct, ahead):
+        assert counts_a == counts_b and torch.equal(a.target_out, b.target_out)
+        assert torch.equal(a.sources[0], b.sources[0]) and a.indices == b.indices
+
+
+def test_foreach_adamw_replaces_the_fused_optimizer_and_keeps_the_schedule(tmp_path):
+    model = bench_gpu.build("book", bench_gpu.preset("tiny", vocab_size=bench_gpu.VOCAB))
+    trainer = bench_gpu.trainer_for("foreach AdamW", model, random_corpus(50), 256, CPU, str(tmp_path))
+    assert trainer.optimizer.defaults["foreach"] is True and trainer.scheduler.optimizer is trainer.optimizer
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(trainer.cfg.lr / trainer.cfg.warmup_steps,
+                                                                    rel=0.5)
+
+
+def report(**rows) -> dict:
+    train = [{"variant": v, "preset": "small", "tokens per batch": 8192, "ms per update": ms,
+              "target tokens/s": 8192 / ms, "warm-up s": 1.0} for v, ms in rows.items()]
+    return {"device": "GPU", "torch": "2", "commit": "abc", "precision": "auto", "train": train,
+            "golden": {"book": [9.0, 8.0], "torch.compile": [9.0, 8.05]},
+            "decode": [{"variant": "book", "generated tokens/s": 3000.0, "ms per sentence": 5.0},
+                       {"variant": bench_gpu.HF, "generated tokens/s": 1000.0, "ms per sentence": 9.0}]}
+
+
+def test_the_summary_takes_the_fastest_variant_and_the_ratios_to_hf():
+    r = report(book=10.0, **{"torch.compile": 4.0, bench_gpu.HF: 20.0})
+    measured = bench_gpu.summary(r)
+    assert measured["ms per update, small at 8192 tokens"] == 4.0 and measured["fastest variant"] == "torch.compile"
+    assert measured["training throughput vs HF"] == pytest.approx(2.0)  # the book's path, not the fastest variant
+    assert measured["decoding throughput vs HF"] == pytest.approx(3.0)
+    assert bench_gpu.golden_gap(r, "torch.compile") == pytest.approx(0.05)
+    assert bench_gpu.golden_gap(r, "foreach AdamW") is None  # not measured: no gap is claimed
+    text = bench_gpu.markdown(r)
+    assert "| torch.compile | small | 8,192 | 4.0 |" in text and "| training throughput vs HF | 2.0 | ≥ 1.3 |" in text
+
+
+def test_a_report_cut_off_before_any_row_has_no_targets():
+    assert bench_gpu.summary({"train": [], "decode": [], "golden": {}}) == {}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is not None, reason="transformers is installed")
+def test_without_transformers_the_bench_stops_with_one_line_before_any_work(tmp_path, capsys):
+    assert bench_gpu.main(["--device", "cpu", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--no-hf" in err and not (tmp_path / "out").exists()
