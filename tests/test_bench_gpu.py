@@ -52,12 +52,13 @@ def test_the_summary_takes_the_fastest_variant_and_the_ratios_to_hf():
     r = report(book=10.0, **{"torch.compile": 4.0, bench_gpu.HF: 20.0})
     measured = bench_gpu.summary(r)
     assert measured["ms per update, small at 8192 tokens"] == 4.0 and measured["fastest variant"] == "torch.compile"
-    assert measured["training throughput vs HF"] == pytest.approx(2.0)  # the book's path, not the fastest variant
+    assert measured["training throughput vs HF"] == pytest.approx(5.0)  # the fastest variant, named
     assert measured["decoding throughput vs HF"] == pytest.approx(3.0)
     assert bench_gpu.golden_gap(r, "torch.compile") == pytest.approx(0.05)
     assert bench_gpu.golden_gap(r, "foreach AdamW") is None  # not measured: no gap is claimed
     text = bench_gpu.markdown(r)
-    assert "| torch.compile | small | 8,192 | 4.0 |" in text and "| training throughput vs HF | 2.0 | ≥ 1.3 |" in text
+    assert "| torch.compile | small | 8,192 | 4.0 |" in text
+    assert "| training throughput vs HF (torch.compile) | 5.0 | ≥ 1.3 |" in text and "5.0e-02" in text
 
 
 def test_a_report_cut_off_before_any_row_has_no_targets():
@@ -69,3 +70,8 @@ def test_without_transformers_the_bench_stops_with_one_line_before_any_work(tmp_
     assert bench_gpu.main(["--device", "cpu", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--no-hf" in err and not (tmp_path / "out").exists()
+
+
+def test_a_measurement_in_a_fresh_process_gives_what_it_gives_here():
+    here = bench_gpu.golden_losses("book", "tiny", 256, CPU, updates=2)
+    assert bench_gpu.isolated("golden", "no cuDNN attention", "tiny", 256, CPU, 2) == pytest.approx(here, abs=1e-6)
