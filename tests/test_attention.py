@@ -173,3 +173,16 @@ def check_reordered_steps(model, memory, tokens, index):
                     for c in out.cache]
     expected = model.decode(tokens[index, 3:], memory, concatenated, start_pos=3)
     assert torch.equal(stepped.logits, expected.logits)
+
+
+def test_on_a_gpu_sdpa_may_pick_every_kernel_but_cudnns_and_on_a_cpu_it_is_torchs_call():
+    from torch.nn.attention import SDPBackend
+
+    from msgcore.attention import GPU_SDPA_BACKENDS, sdpa
+
+    assert SDPBackend.CUDNN_ATTENTION not in GPU_SDPA_BACKENDS and SDPBackend.MATH in GPU_SDPA_BACKENDS
+    q, k, v = (torch.randn(2, 4, 5, 8) for _ in range(3))
+    mask = torch.rand(2, 1, 5, 5) > 0.3
+    mask[..., 0] = True  # every query row has a key
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.equal(sdpa(q, k, v, mask, 0.0, False), expected)
