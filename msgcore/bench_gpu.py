@@ -1,7 +1,11 @@
 """The GPU bench: what a `small` update costs on a GPU, what each change of the update buys, and HF's BART beside it.
 
-    python -m msgcore.bench_gpu              # on a GPU: book/benchmarks/gpu/<device>.json and .md (about 5 minutes)
-    python -m msgcore.bench_gpu --quick      # the `tiny` preset, a few updates, on any device: a check of the path
+    python -m msgcore.bench_gpu                  # on a GPU: book/benchmarks/gpu/<device>.json and .md
+    python -m msgcore.bench_gpu --tokens 8192    # only the target setting (8,192 tokens per batch)
+    python -m msgcore.bench_gpu --quick          # the `tiny` preset, a few updates, on any device: a check of the path
+
+On one H200, the book, HF and two variants at both settings took about 4 minutes in fresh processes; torch.compile's
+first compile took 172 s more.
 
 On a GPU a `small`-preset update (d = 256, 3 + 3 layers) is launch-bound: the matrix work is a small part of the
 step, the rest is the host dispatching kernels one by one. Each variant changes one thing of the book's update
@@ -264,10 +268,13 @@ def isolated(kind: str, variant: str, *args, fresh: bool = True):
 # ---- the report ------------------------------------------------------------------------------------------------
 
 def bench(device: torch.device, quick: bool = False, with_hf: bool = True, only: list[str] | None = None,
-          fresh: bool = True, save: Callable[[dict], None] = lambda report: None) -> dict:
+          fresh: bool = True, tokens: list[int] | None = None,
+          save: Callable[[dict], None] = lambda report: None) -> dict:
     """Every row, in the order that keeps the cheap ones first; `save(report)` after each, so that a command cut
     off by its time limit still leaves what it measured."""
-    settings = QUICK_SETTINGS if quick else SETTINGS
+    settings = QUICK_SETTINGS if quick else tuple(s for s in SETTINGS if not tokens or s[1] in tokens)
+    if not settings:
+        raise MsgcoreError(f"--tokens {tokens} names no setting; choose from {[s[1] for s in SETTINGS]}")
     steps, warmup = (4, 2) if quick else (40, 10)  # torch.compile warms up for twice as many: its recompiles
     golden_updates = 3 if quick else GOLDEN_UPDATES
     variants = [v for v in (only or VARIANTS + (HF,)) if with_hf or v != HF]  # in the order asked
@@ -465,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny preset, a few updates: a check of the path")
     parser.add_argument("--no-hf", action="store_true", help="leave out HF's BART (transformers not installed)")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS) + [HF], help="only these (default: all)")
+    parser.add_argument("--tokens", type=int, nargs="+", choices=[s[1] for s in SETTINGS],
+                        help="only the settings of these tokens per batch (default: all)")
     parser.add_argument("--out", type=Path, default=REPORTS, help="folder of the report (<device>.json and .md)")
     args = parser.parse_or_exit_code(argv)
     if isinstance(args, int):
@@ -476,7 +485,8 @@ def main(argv: list[str] | None = None) -> int:
                 import transformers  # noqa: F401
             except ImportError:
                 raise MsgcoreError("HF's BART needs transformers (pip install transformers), or pass --no-hf")
-        report = bench(device, args.quick, not args.no_hf, args.variants, save=lambda r: write(r, args.out))
+        report = bench(device, args.quick, not args.no_hf, args.variants, tokens=args.tokens,
+                       save=lambda r: write(r, args.out))
     except MsgcoreError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -120,21 +120,54 @@ def test_pretraining_counts_the_real_tokens_of_the_batches_it_trained_on():
     assert log[-1]["source_tokens"] > log[-1]["target_tokens"] > 0  # documents: evidence and targets alike
 
 
-def test_warm_start_copies_every_tensor_of_the_same_name_and_shape_and_nothing_else():
+def test_warm_start_copies_every_tensor_but_marges_own_beta():
     from msgcore.models.marge import MargeTransformer
 
     scale = toy_scale()
     torch.manual_seed(0)
     model = MargeTransformer(exp.marge_config(ToyTok({}), scale))
     torch.manual_seed(1)
-    donor = MargeTransformer(exp.marge_config(ToyTok({}), scale, encoder_layers=1, relevance_layers=1))
+    donor = MargeTransformer(exp.marge_config(ToyTok({}), scale, beta_init=3.0))
     before = {n: t.clone() for n, t in model.state_dict().items()}
     copied = exp.warm_start(model, donor)
     theirs = donor.state_dict()
-    assert copied and "encoder.layers.0.self_attn.q_proj.weight" in copied
-    assert not any(n.startswith("encoder.layers.1.") for n in copied)  # the donor has no second encoder layer
+    assert sorted(set(before) - set(copied)) == []  # a MARGE donor has β too: everything is copied
     for name, t in model.state_dict().items():
-        assert torch.equal(t, theirs[name] if name in copied else before[name]), name
+        assert torch.equal(t, theirs[name]), name
+
+
+def test_a_warm_start_that_would_leave_layers_at_random_init_is_one_line_and_copies_nothing():
+    from msgcore.models.marge import MargeTransformer
+
+    scale = toy_scale()
+    torch.manual_seed(0)
+    model = MargeTransformer(exp.marge_config(ToyTok({}), scale))
+    donor = MargeTransformer(exp.marge_config(ToyTok({}), scale, encoder_layers=1, relevance_layers=1))
+    before = {n: t.clone() for n, t in model.state_dict().items()}
+    with pytest.raises(MsgcoreError, match=r"would leave \d+ of the model's \d+ tensors at random initiali[sz]ation "
+                                           r"\(first: encoder\.layers\.1\.") as error:
+        exp.warm_start(model, donor)
+    assert "\n" not in str(error.value) and "like=donor.cfg" in str(error.value)
+    assert all(torch.equal(t, before[n]) for n, t in model.state_dict().items())  # nothing was copied
+    wider = MargeTransformer(exp.marge_config(ToyTok({}), scale, d_ff=2 * scale.model["d_ff"]))
+    with pytest.raises(MsgcoreError, match=r"\(\d+, \d+\) here, \(\d+, \d+\) in the donor"):
+        exp.warm_start(model, wider)
+
+
+def test_marge_built_like_a_donor_takes_its_size_and_a_warm_start_copies_all_but_beta():
+    from msgcore.model import preset
+    from msgcore.models.marge import MargeTransformer
+    from msgcore.models.trice import TriceConfig, TriceTransformer
+
+    denoiser = TriceTransformer(TriceConfig(**{**preset("tiny", vocab_size=50, pad_id=exp.PAD).to_dict(),
+                                               "fine_layers": 0}))
+    scale = toy_scale()
+    cfg = exp.marge_config(ToyTok(list(range(45))), scale, like=denoiser.cfg)
+    assert (cfg.d_model, cfg.d_ff, cfg.decoder_d_ff, cfg.encoder_layers) == (128, 512, 512, 2)
+    model = MargeTransformer(cfg)
+    copied = exp.warm_start(model, denoiser)
+    assert sorted(set(model.state_dict()) - set(copied)) == [n for n in sorted(model.state_dict())
+                                                              if n.endswith(".beta")]
 
 
 def test_the_main_runs_warm_start_and_the_random_init_ablation_does_not(tmp_path, monkeypatch):

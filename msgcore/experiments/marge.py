@@ -292,7 +292,7 @@ LANGUAGES = ("en", "de", "fr", "cs")  # Multi30k's four caption languages, in th
 class MargeScale:
     """Everything a scale changes for chapter 3."""
 
-    model: dict  # MargeConfig fields (d_model, layers, relevance_layers, beta_init, ...)
+    model: dict  # MargeConfig fields (relevance_layers, beta_init, ...); warm-started, the size is the denoiser's
     images: int  # Multi30k training images: each gives 4 documents (en/de/fr/cs captions)
     shard_images: int  # images per shard (all captions of an image share a shard, §2.4)
     # Measured (small, random init, 1,200 updates): shards of 4 images give a link precision of ~0.36, shards of 16
@@ -342,34 +342,35 @@ def _ft(steps: int, **kw) -> TrainConfig:
 MARGE_SCALES: dict[str, MargeScale] = {
     "smoke": MargeScale(
         dict(d_model=64, n_heads=2, d_ff=128, encoder_layers=2, decoder_layers=2, relevance_layers=1,
-             decoder_self_only_layers=1, decoder_d_ff=256, beta_init=10.0, relevance_pooling="mean"),
+             decoder_self_only_layers=1, decoder_d_ff=128, beta_init=10.0, relevance_pooling="mean"),
         images=120, shard_images=8, retrieval=RetrievalConfig(refresh_every=10, max_tokens=300, max_docs=8),
         steps=30, lr=1e-3, warmup=5, finetune=_ft(6, max_tokens=1024, valid_max_sentences=10), ablation_steps=20,
         val_images=40, eval_sentences=30, min_p_at_1=0.1, doc_chunks=10, table5_images=60, table5_steps=4,
         notes="CI only: checks that the chapter runs end to end; its numbers mean nothing."),
     "small": MargeScale(
-        dict(d_model=128, n_heads=4, d_ff=512, encoder_layers=3, decoder_layers=3, relevance_layers=2,
+        dict(d_model=256, n_heads=4, d_ff=1024, encoder_layers=3, decoder_layers=3, relevance_layers=2,
              decoder_self_only_layers=1, decoder_d_ff=1024, beta_init=10.0, relevance_pooling="mean", dropout=0.1),
         images=1000, shard_images=4, retrieval=RetrievalConfig(refresh_every=150, max_tokens=300, max_docs=8),
         steps=2500, lr=1e-3, warmup=100, finetune=_ft(600, max_tokens=1536, **CPU_BOOK_SETTING), ablation_steps=1000,
         seeds=(0, 1, 2), val_images=300, eval_sentences=300, doc_chunks=100, table5_images=4000, table5_steps=150,
         **CPU_BOOK_SETTING,
-        notes="2 CPU threads, bf16 autocast and the math attention kernel: a 2.4M-parameter MARGE (d=128, 3 encoder layers, relevance from layer 2, decoder 1 "
-              "self-only + 2 cross-attention layers), warm-started from the shared denoising model, pre-trained for "
+        notes="2 CPU threads, bf16 autocast and the math attention kernel: MARGE at the shared denoising model's size (the "
+              "`small` preset: d=256, 3 encoder layers, relevance from layer 2, decoder 1 self-only + 2 "
+              "cross-attention layers), warm-started from it, pre-trained for "
               "2,500 updates (3 seeds) on the captions of 1,000 Multi30k images in 4 languages and 100 en+de chunk pairs "
               "of each doc-level dev set (4,600 documents), "
               "shards of 4 images, index refreshed every 150 updates; ablations (random initialisation among them) at "
               "1,000 updates; 600-update fine-tuning on TED; Table 5's protocol with 150 fine-tuning updates per language; "
               "greedy decoding; 300 test captions per language."),
     "full": MargeScale(
-        dict(d_model=256, n_heads=4, d_ff=1024, encoder_layers=4, decoder_layers=4, relevance_layers=2,
-             decoder_self_only_layers=1, decoder_d_ff=2048, beta_init=10.0, relevance_pooling="mean", dropout=0.1),
+        dict(d_model=256, n_heads=4, d_ff=1024, encoder_layers=3, decoder_layers=3, relevance_layers=2,
+             decoder_self_only_layers=1, decoder_d_ff=1024, beta_init=10.0, relevance_pooling="mean", dropout=0.1),
         images=29000, shard_images=16, retrieval=RetrievalConfig(refresh_every=1000, max_tokens=1536, max_docs=32),
         steps=20000, lr=5e-4, warmup=1000, finetune=_ft(4000, max_tokens=4096, lr=3e-4, patience=4,
                                                          validate_every=500), ablation_steps=8000,
         seeds=(0, 1, 2), val_images=1014, eval_sentences=1000, beam_size=6, doc_chunks=None, chunk_tokens=128,
         table5_images=10000, table5_steps=1000,
-        notes="One GPU: d=256 (about 12M parameters), warm-started from the shared denoising model, every Multi30k "
+        notes="One GPU: MARGE at the shared denoising model's size (the `small` preset), warm-started from it, every Multi30k "
               "training caption (116k documents), index "
               "refreshed every 1,000 updates; beam 6 as in the paper."),
 }
@@ -408,20 +409,41 @@ class MargeRun:
     reused: bool = False
 
 
-def marge_config(tokenizer, scale: MargeScale, **overrides):
+# What a MARGE and the model it warm-starts from share: one size, so that every tensor of MARGE but its own is copied.
+DONOR_DIMENSIONS = ("d_model", "n_heads", "d_ff", "encoder_layers", "decoder_layers")
+MARGE_OWN = (".beta",)  # tensors only MARGE has: β of each cross-attention layer (Eq. 4)
+
+
+def marge_config(tokenizer, scale: MargeScale, like=None, **overrides):
+    """MARGE's config at `scale`; with `like` (the donor's config), at the donor's dimensions (DONOR_DIMENSIONS, and
+    the decoder's FFN width), whatever the scale says, so that a warm start copies the whole encoder and decoder."""
     from msgcore.models.marge import MargeConfig
 
-    return MargeConfig(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, **{**scale.model, **overrides})
+    dims = {} if like is None else {**{k: getattr(like, k) for k in DONOR_DIMENSIONS}, "decoder_d_ff": like.d_ff}
+    return MargeConfig(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, **{**scale.model, **dims, **overrides})
 
 
 def warm_start(model: torch.nn.Module, donor: torch.nn.Module) -> list[str]:
     """Copy into `model` every tensor of `donor` with the same name and shape; returns the names copied.
 
+    Every tensor of `model` but MARGE's own (MARGE_OWN) must be copied: a warm start that would leave part of the
+    embeddings, encoder or decoder at random initialisation is a one-line MsgcoreError, raised before anything is
+    copied (build the model with `marge_config(..., like=donor.cfg)`).
+
     # Deviation: §2.1 trains MARGE from random initialisation. At our scale retrieval does not bootstrap from
     # random init (the ablation shows it), so the main runs start from the shared denoising model: its embeddings,
-    # encoder layers (the first are MARGE's relevance model g) and the decoder tensors of matching shape. It was trained on monolingual text only (denoising), so no bitext enters."""
+    # encoder layers (the first are MARGE's relevance model g) and decoder layers. It was trained on monolingual
+    # text only (denoising), so no bitext enters."""
     own, theirs = model.state_dict(), donor.state_dict()
     copied = [name for name, t in own.items() if name in theirs and theirs[name].shape == t.shape]
+    left = [name for name in own if name not in copied and not name.endswith(MARGE_OWN)]
+    if left:
+        first = left[0]
+        why = (f"{tuple(own[first].shape)} here, {tuple(theirs[first].shape)} in the donor" if first in theirs
+               else "the donor has no such tensor")
+        raise MsgcoreError(f"a warm start would leave {len(left)} of the model's {len(own)} tensors at random "
+                           f"initialisation (first: {first}: {why}); build MARGE at the donor's size "
+                           "(marge_config(..., like=donor.cfg))")
     model.load_state_dict({**own, **{name: theirs[name].detach().clone() for name in copied}})
     return copied
 
@@ -446,7 +468,9 @@ def train_marge(docs: Documents, val_docs: Documents, tokenizer, scale: MargeSca
     change = dict(change or {})
     beta = change.get("beta")
     torch.manual_seed(seed)
-    model = MargeTransformer(marge_config(tokenizer, scale, **({"beta_init": beta} if beta is not None else {})))
+    like = donor.cfg if donor is not None else None  # the random-init ablation too: one size for every run
+    model = MargeTransformer(marge_config(tokenizer, scale, like,
+                                          **({"beta_init": beta} if beta is not None else {})))
     if change.get("init", "donor") not in ("donor", "random"):
         raise MsgcoreError(f"unknown init {change['init']!r}; use 'donor' or 'random'")
     if donor is not None and change.get("init") != "random":
@@ -648,6 +672,7 @@ class MargeChapter:
     runs: dict = field(default_factory=dict)  # (ablation name, seed, steps) -> MargeRun
     untrained: object = None  # a random-init MARGE (seed), never trained: the retrieval floor
     start: object = None  # the main runs' starting point, never trained: `untrained` warm-started from the denoiser
+    warm_started: list = field(default_factory=list)  # the tensor names `warm_start` copied into `start`
     finetuned: dict = field(default_factory=dict)  # Table 4: init name -> RunResult
     ted: dict = field(default_factory=dict)  # init name -> the TranslationData it trained on
     table5: list = field(default_factory=list)  # Table 5 protocol: (Table5Run, RunResult, layout), `table5_runs`
@@ -691,11 +716,12 @@ def pretraining_runs(ch: MargeChapter) -> None:
 
     donor = ch.denoiser.model if ch.scale.from_denoiser else None
     torch.manual_seed(ch.seed)
-    ch.untrained = MargeTransformer(marge_config(ch.tokenizer, ch.scale)).to(ch.device).eval()
+    ch.untrained = MargeTransformer(marge_config(ch.tokenizer, ch.scale, donor.cfg if donor else None))
+    ch.untrained = ch.untrained.to(ch.device).eval()
     ch.start = MargeTransformer(ch.untrained.cfg).to(ch.device).eval()
     ch.start.load_state_dict(ch.untrained.state_dict())
     if donor is not None:
-        warm_start(ch.start, donor)
+        ch.warm_started = warm_start(ch.start, donor)
     for s in ch.seeds:
         ch.runs["MARGE", s, ch.scale.steps] = train_marge(ch.docs, ch.val_docs, ch.tokenizer, ch.scale, ch.device,
                                                           ch.scale.steps, s, donor=donor)
@@ -1315,10 +1341,23 @@ def untrained_start(ch: MargeChapter, seed: int):
     from msgcore.models.marge import MargeTransformer
 
     torch.manual_seed(seed)
-    model = MargeTransformer(marge_config(ch.tokenizer, ch.scale))
+    model = MargeTransformer(marge_config(ch.tokenizer, ch.scale,
+                                          ch.denoiser.model.cfg if ch.scale.from_denoiser else None))
     if ch.scale.from_denoiser:
         warm_start(model, ch.denoiser.model)
     return model.to(ch.device).eval()
+
+
+def warm_start_summary(ch: MargeChapter) -> str:
+    """What the main runs' warm start copied from the denoiser, and what it left at initialisation, in one line."""
+    if not ch.scale.from_denoiser:
+        return "The main runs start from random initialisation (no warm start)."
+    own = ch.start.state_dict()
+    copied = sum(own[name].numel() for name in ch.warm_started)
+    left = [name for name in own if name not in ch.warm_started]
+    return (f"Warm start: {len(ch.warm_started)} of MARGE's {len(own)} tensors ({copied:,} of "
+            f"{sum(t.numel() for t in own.values()):,} values) copied from the denoiser; left at initialisation: "
+            f"{', '.join(left) or 'nothing'} (MARGE's own).")
 
 
 def caption_references(split: str, lang: str) -> list[str]:
