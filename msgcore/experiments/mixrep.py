@@ -31,8 +31,9 @@ import json
 import statistics
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from torch import Tensor
@@ -542,19 +543,24 @@ def timed(ch: Chapter, stage: str, fn, *args) -> None:
 
 def table3_runs(ch: Chapter, direction: str) -> None:
     """Table 3 for every seed: the narrow baselines, the wide ones, MixRep, MixRep + co-teaching."""
-    scale, d = ch.scale, ch.directions[direction]
     for seed in ch.seeds:
-        for column in scale.baselines:
-            add_transformer(ch, direction, NARROW, column, seed)
-            if scale.wide is not None:
-                add_transformer(ch, direction, WIDE, column, seed, **scale.wide)
-        stage1 = add_mixrep(ch, direction, MIXREP, seed)
-        if scale.co_teaching is not None:
-            union = ch.co_teaching[direction, seed] = co_teaching_data(stage1.model, d.data["mix"],
-                                                                       scale.co_teaching_beam, ch.device)
-            run = continue_training(stage1, d.data["mix"], union, scale.co_teaching, ch.device,
-                                    ch.folder(direction, COTEACH, seed), seed)
-            add_stage2(ch, direction, COTEACH, (BPE, SP), seed, run)
+        table3_seed(ch, direction, seed)
+
+
+def table3_seed(ch: Chapter, direction: str, seed: int) -> None:
+    """Table 3's systems on one seed."""
+    scale, d = ch.scale, ch.directions[direction]
+    for column in scale.baselines:
+        add_transformer(ch, direction, NARROW, column, seed)
+        if scale.wide is not None:
+            add_transformer(ch, direction, WIDE, column, seed, **scale.wide)
+    stage1 = add_mixrep(ch, direction, MIXREP, seed)
+    if scale.co_teaching is not None:
+        union = ch.co_teaching[direction, seed] = co_teaching_data(stage1.model, d.data["mix"],
+                                                                   scale.co_teaching_beam, ch.device)
+        run = continue_training(stage1, d.data["mix"], union, scale.co_teaching, ch.device,
+                                ch.folder(direction, COTEACH, seed), seed)
+        add_stage2(ch, direction, COTEACH, (BPE, SP), seed, run)
 
 
 def table2_runs(ch: Chapter, direction: str) -> None:
@@ -613,19 +619,52 @@ def curve_name(system: str, n: int) -> str:
 
 def curve_runs(ch: Chapter, direction: str) -> None:
     """The learning curve: narrow SP and MixRep on the first N training pairs, same recipe (first seed)."""
-    d = ch.directions[direction]
     for n in ch.scale.curve_sizes:
-        narrow = curve_name(NARROW, n)
-        add_transformer(ch, direction, narrow, SP, ch.seed, data=d.data[SP],
-                        train=head(d.data[SP].encoded["train"], n), reference=narrow)
-        run = train_mixrep(d.data["mix"], ch.recipe, ch.device, ch.folder(direction, MIXREP, n, ch.seed), ch.seed,
-                           train=head(d.data["mix"].encoded["train"], n), train_overrides=ch.scale.mixrep_train)
-        add_mixrep(ch, direction, curve_name(MIXREP, n), ch.seed, run=run, reference=narrow)
+        curve_point(ch, direction, n)
 
 
-def run_chapter(scale_name: str, device: torch.device, out_dir: str | Path, seed: int = 0) -> Chapter:
-    """Every training run of chapter 2, through the run cache (`python -m msgcore.experiments ch02`)."""
-    return train_chapter(start_chapter(scale_name, device, out_dir, seed))
+def curve_point(ch: Chapter, direction: str, n: int) -> None:
+    """The learning curve's narrow SP and MixRep runs on the first `n` training pairs."""
+    d = ch.directions[direction]
+    narrow = curve_name(NARROW, n)
+    add_transformer(ch, direction, narrow, SP, ch.seed, data=d.data[SP],
+                    train=head(d.data[SP].encoded["train"], n), reference=narrow)
+    run = train_mixrep(d.data["mix"], ch.recipe, ch.device, ch.folder(direction, MIXREP, n, ch.seed), ch.seed,
+                       train=head(d.data["mix"].encoded["train"], n), train_overrides=ch.scale.mixrep_train)
+    add_mixrep(ch, direction, curve_name(MIXREP, n), ch.seed, run=run, reference=narrow)
+
+
+def extra_after_table3(ch: Chapter, direction: str) -> None:
+    """Tables 6-8 (`extra_runs`), which start from Table 3's first-seed wide models: those first."""
+    table3_seed(ch, direction, ch.seed)
+    extra_runs(ch, direction)
+
+
+def share_jobs(ch: Chapter) -> list[Callable[[], None]]:
+    """The chapter's runs as jobs that processes side by side can share (`run_chapter`'s `part`): Table 3 per
+    direction and seed, Table 2, Tables 6-8, the owner ablation and each point of the learning curve. A job that
+    needs a run another process is training waits for it (msgcore.runcache's lock); the keys are the sections' own."""
+    scale, primary = ch.scale, ch.primary.name
+    jobs = [partial(table3_seed, ch, direction_name(*pair), s) for s in ch.seeds for pair in scale.directions]
+    jobs += [partial(table2_runs, ch, direction_name(*pair)) for pair in scale.table2_directions]
+    jobs += [partial(extra_after_table3, ch, direction_name(*pair)) for pair in scale.extra_directions]
+    if scale.owner_ablation:
+        jobs.append(partial(ablation_runs, ch, primary))
+    return jobs + [partial(curve_point, ch, primary, n) for n in scale.curve_sizes]
+
+
+def run_chapter(scale_name: str, device: torch.device, out_dir: str | Path, seed: int = 0,
+                part: tuple[int, int] = (0, 1)) -> Chapter:
+    """Every training run of chapter 2, through the run cache (`python -m msgcore.experiments ch02`). With `part` =
+    (i, N), N processes side by side: process i trains every N-th job of `share_jobs`; process 0 then makes the
+    full pass (`train_chapter`), finding the runs in the cache or awaiting them."""
+    ch = start_chapter(scale_name, device, out_dir, seed)
+    if part != (0, 1):
+        for job in share_jobs(ch)[part[0]::part[1]]:
+            job()
+        if part[0] != 0:
+            return ch
+    return train_chapter(ch)
 
 
 def train_chapter(ch: Chapter) -> Chapter:

@@ -26,7 +26,9 @@ import random
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -383,19 +385,39 @@ def train_concat(ch: Chapter, seed: int) -> tuple[RunResult, RunResult]:
 def sweep_runs(ch: Chapter) -> None:
     """Table 2: each architecture's generic model and one fine-tuning run per ratio (the first seed)."""
     for system, fields in ARCHITECTURES.items():
-        generic = ch.runs[system, GENERIC, ch.seed] = train_generic(ch, system, fields)
-        for alpha in ch.scale.ratios:
+        sweep_system(ch, system, fields)
+
+
+def sweep_system(ch: Chapter, system: str, fields: dict) -> None:
+    """One architecture's generic model and its fine-tuning at every ratio (the first seed)."""
+    generic = generic_run(ch, system, fields)
+    for alpha in ch.scale.ratios:
+        if (system, alpha, ch.seed) not in ch.runs:
             ch.runs[system, alpha, ch.seed] = finetune(ch, generic, system, fields, alpha, ch.seed)
+
+
+def generic_run(ch: Chapter, system: str, fields: dict) -> RunResult:
+    """An architecture's generic model, trained once (the first seed) and kept in `ch.runs`."""
+    if (system, GENERIC, ch.seed) not in ch.runs:
+        ch.runs[system, GENERIC, ch.seed] = train_generic(ch, system, fields)
+    return ch.runs[system, GENERIC, ch.seed]
 
 
 def control_runs(ch: Chapter) -> None:
     """The dual-source control and its joint-encoder twin (P7) on every seed, and the concatenation baseline,
     alpha = 1: P7 pairs the twin's seed k with the control's seed k."""
-    generic = ch.runs[DUAL, GENERIC, ch.seed] = train_generic(ch, DUAL, CONTROLS[DUAL])
     for s in seeds(ch):
-        ch.runs[DUAL, 1.0, s] = finetune(ch, generic, DUAL, CONTROLS[DUAL], 1.0, s)
-    more_seeds(ch, JOINT_SEQ_ARCHITECTURE, 1.0)
-    ch.runs[CONCAT, GENERIC, ch.seed], ch.runs[CONCAT, 1.0, ch.seed] = train_concat(ch, ch.seed)
+        control_seed(ch, s)
+    if (CONCAT, 1.0, ch.seed) not in ch.runs:
+        ch.runs[CONCAT, GENERIC, ch.seed], ch.runs[CONCAT, 1.0, ch.seed] = train_concat(ch, ch.seed)
+
+
+def control_seed(ch: Chapter, seed: int) -> None:
+    """The dual-source control and its joint-encoder twin fine-tuned at alpha = 1 on one seed (their generic models
+    are the first seed's, shared)."""
+    for system, fields in ((DUAL, CONTROLS[DUAL]), (JOINT_SEQ_ARCHITECTURE, ARCHITECTURES[JOINT_SEQ_ARCHITECTURE])):
+        if (system, 1.0, seed) not in ch.runs:
+            ch.runs[system, 1.0, seed] = finetune(ch, generic_run(ch, system, fields), system, fields, 1.0, seed)
 
 
 def seeds(ch: Chapter) -> tuple[int, ...]:
@@ -410,22 +432,39 @@ def best_single(ch: Chapter, metric: str = "TER") -> tuple[str, float]:
     return max(tuned, key=lambda key: sign * table[key][metric])
 
 
-def more_seeds(ch: Chapter, system: str, alpha: float) -> None:
-    """An architecture's fine-tuning at `alpha` on every seed of the scale (its generic model is shared)."""
-    for s in seeds(ch):
+def best_seed_runs(ch: Chapter, part: tuple[int, int] = (0, 1)) -> None:
+    """The best single system (by dev TER) on the other seeds (with `part` = (i, N), every N-th of them from the
+    i-th)."""
+    system, alpha = best_single(ch)
+    for s in seeds(ch)[1:][part[0]::part[1]]:
         if (system, alpha, s) not in ch.runs:
             ch.runs[system, alpha, s] = finetune(ch, ch.runs[system, GENERIC, ch.seed], system,
                                                  ARCHITECTURES[system], alpha, s)
 
 
-def best_seed_runs(ch: Chapter) -> None:
-    """The best single system (by dev TER) on the other seeds."""
-    more_seeds(ch, *best_single(ch))
+def share_jobs(ch: Chapter) -> list[Callable[[], None]]:
+    """The chapter's runs as jobs that processes side by side can share (`run_chapter`'s `part`): each
+    architecture's sweep, each seed of the controls, the concatenation baseline. A job that needs a run another
+    process is training waits for it (msgcore.runcache's lock); the keys are `run_chapter`'s own."""
+    jobs = [partial(sweep_system, ch, system, fields) for system, fields in ARCHITECTURES.items()]
+    jobs += [partial(control_seed, ch, s) for s in seeds(ch)]
+    return jobs + [partial(train_concat, ch, ch.seed)]
 
 
-def run_chapter(scale_name: str, device: torch.device, out_dir: str | Path, seed: int = 0) -> Chapter:
-    """Every training run of chapter 4, through the run cache (`python -m msgcore.experiments ch04`)."""
+def run_chapter(scale_name: str, device: torch.device, out_dir: str | Path, seed: int = 0,
+                part: tuple[int, int] = (0, 1)) -> Chapter:
+    """Every training run of chapter 4, through the run cache (`python -m msgcore.experiments ch04`). With `part` =
+    (i, N), N processes side by side: process i takes every N-th job of `share_jobs` and of the best system's extra
+    seeds (after the whole sweep, which it awaits); process 0 then makes the full pass, finding the runs in the
+    cache, so that what it returns is the whole chapter."""
     ch = start_chapter(scale_name, device, out_dir, seed)
+    if part != (0, 1):
+        for job in share_jobs(ch)[part[0]::part[1]]:
+            job()
+        sweep_runs(ch)  # the best system needs every architecture's sweep: trained by now, or awaited
+        best_seed_runs(ch, part)
+        if part[0] != 0:
+            return ch
     sweep_runs(ch)
     control_runs(ch)
     best_seed_runs(ch)

@@ -32,7 +32,9 @@ from __future__ import annotations
 import random
 import statistics
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -318,29 +320,44 @@ def start_chapter(scale_name: str, device: torch.device, out_dir: str | Path, se
 
 def multi30k_runs(ch: Chapter) -> dict[tuple[str, int], RunResult]:
     """Table 3: (system, seed) -> run. DualBART and TRICE on every seed; the others on the first."""
-    m30k, out, s0 = ch.tasks["m30k"], ch.out_dir, ch.seed
-    runs = {("DualTrans", s0): train_dualtrans(ch.pretrained, m30k, ch.scale, ch.device, out / "dualtrans", s0)}
-    for system, task in MULTI30K_SINGLE.items():
-        runs[system, s0] = train_mbart_trans(ch.pretrained, ch.tasks[task], ch.scale, ch.device,
-                                             out / f"mbart-{task[-2:]}", s0)
+    runs = {(system, ch.seed): multi30k_single_run(ch, system) for system in ("DualTrans", *MULTI30K_SINGLE)}
     for s in ch.seeds:
-        runs["DualBART", s] = train_dualbart(ch.pretrained, m30k, ch.scale, ch.device, out / f"dualbart-{s}", s)
-        runs["TRICE stage 1", s], runs["TRICE", s] = train_trice(ch.pretrained, m30k, ch.scale, ch.device,
-                                                                 out / f"trice-{s}", s)
+        runs.update({(system, s): run for system, run in multi30k_seed_runs(ch, s).items()})
+    return runs
+
+
+def multi30k_single_run(ch: Chapter, system: str) -> RunResult:
+    """A Table-3 system trained on the first seed only: DualTrans, or an MBART-TRANS of one source."""
+    if system == "DualTrans":
+        return train_dualtrans(ch.pretrained, ch.tasks["m30k"], ch.scale, ch.device, ch.out_dir / "dualtrans",
+                               ch.seed)
+    task = MULTI30K_SINGLE[system]
+    return train_mbart_trans(ch.pretrained, ch.tasks[task], ch.scale, ch.device, ch.out_dir / f"mbart-{task[-2:]}",
+                             ch.seed)
+
+
+def multi30k_seed_runs(ch: Chapter, seed: int) -> dict[str, RunResult]:
+    """Table 3's DualBART and TRICE (both stages) on one seed."""
+    m30k, out = ch.tasks["m30k"], ch.out_dir
+    runs = {"DualBART": train_dualbart(ch.pretrained, m30k, ch.scale, ch.device, out / f"dualbart-{seed}", seed)}
+    runs["TRICE stage 1"], runs["TRICE"] = train_trice(ch.pretrained, m30k, ch.scale, ch.device,
+                                                       out / f"trice-{seed}", seed)
     return runs
 
 
 def budget_split_runs(ch: Chapter) -> dict[int, RunResult]:
     """The budget-split analysis on Multi30k (first seed): stage-1 updates -> TRICE trained on exactly
     `budget_total` updates in all (stage 1 + stage 2, no early stopping); 0 = no stage 1."""
-    total, m30k, runs = ch.scale.budget_total, ch.tasks["m30k"], {}
-    for first in ch.scale.budget_splits:
-        out = ch.out_dir / f"budget-{first}"
-        stage1 = (train_stage1(ch.pretrained, m30k, ch.scale, ch.device, out / "stage1", ch.seed,
-                               train_cfg=fixed_steps(ch.scale.stage1, first)).model if first else ch.pretrained)
-        runs[first] = train_stage2(stage1, m30k, ch.scale, ch.device, out / "stage2", ch.seed,
-                                   train_cfg=fixed_steps(ch.scale.stage2, total - first))
-    return runs
+    return {first: budget_split_run(ch, first) for first in ch.scale.budget_splits}
+
+
+def budget_split_run(ch: Chapter, first: int) -> RunResult:
+    """TRICE with `first` stage-1 updates and the rest of `budget_total` in stage 2."""
+    total, m30k, out = ch.scale.budget_total, ch.tasks["m30k"], ch.out_dir / f"budget-{first}"
+    stage1 = (train_stage1(ch.pretrained, m30k, ch.scale, ch.device, out / "stage1", ch.seed,
+                           train_cfg=fixed_steps(ch.scale.stage1, first)).model if first else ch.pretrained)
+    return train_stage2(stage1, m30k, ch.scale, ch.device, out / "stage2", ch.seed,
+                        train_cfg=fixed_steps(ch.scale.stage2, total - first))
 
 
 def dualbart_fixed(ch: Chapter) -> RunResult:
@@ -352,24 +369,42 @@ def dualbart_fixed(ch: Chapter) -> RunResult:
 
 def ape_runs(ch: Chapter) -> dict[str, RunResult]:
     """Table 2 (one seed): DualTrans, DualBART, TRICE stage 1 and TRICE on the APE triplets."""
-    ape, out = ch.tasks["ape"], ch.out_dir
-    runs = {"DualTrans": train_dualtrans(ch.pretrained, ape, ch.scale, ch.device, out / "ape-dualtrans", ch.seed),
-            "DualBART": train_dualbart(ch.pretrained, ape, ch.scale, ch.device, out / "ape-dualbart", ch.seed)}
-    runs["TRICE stage 1"], runs["TRICE"] = train_trice(ch.pretrained, ape, ch.scale, ch.device, out / "ape-trice",
-                                                       ch.seed)
+    runs = {system: ape_run(ch, system) for system in ("DualTrans", "DualBART")}
+    runs["TRICE stage 1"], runs["TRICE"] = ape_run(ch, "TRICE")
     return runs
+
+
+def ape_run(ch: Chapter, system: str):
+    """One Table-2 system on the APE triplets: a run, or TRICE's (stage 1, stage 2)."""
+    ape, out = ch.tasks["ape"], ch.out_dir
+    if system == "DualTrans":
+        return train_dualtrans(ch.pretrained, ape, ch.scale, ch.device, out / "ape-dualtrans", ch.seed)
+    if system == "DualBART":
+        return train_dualbart(ch.pretrained, ape, ch.scale, ch.device, out / "ape-dualbart", ch.seed)
+    return train_trice(ch.pretrained, ape, ch.scale, ch.device, out / "ape-trice", ch.seed)
+
+
+TED_SYSTEMS = ("MBART-TRANS", "MBART-DOCTRANS", "DualBART", "TRICE")
 
 
 def ted_runs(ch: Chapter) -> dict[str, tuple[RunResult, TranslationData]]:
     """Table 4 (one seed): name -> (run, the data it reads); "TRICE stage 1" is TRICE's first stage (its budget)."""
-    ted, sent, doc, out = ch.tasks["ted"], ch.tasks["ted_sent"], ch.tasks["ted_doc"], ch.out_dir
-    runs = {"MBART-TRANS": (train_mbart_trans(ch.pretrained, sent, ch.scale, ch.device, out / "ted-mbart", ch.seed),
-                            sent),
-            "MBART-DOCTRANS": (train_mbart_trans(ch.pretrained, doc, ch.scale, ch.device, out / "ted-doc", ch.seed),
-                               doc),
-            "DualBART": (train_dualbart(ch.pretrained, ted, ch.scale, ch.device, out / "ted-dualbart", ch.seed), ted)}
-    stage1, stage2 = train_trice(ch.pretrained, ted, ch.scale, ch.device, out / "ted-trice", ch.seed, single=sent)
+    runs = {system: ted_run(ch, system) for system in TED_SYSTEMS[:-1]}
+    (stage1, sent), (stage2, ted) = ted_run(ch, "TRICE")
     return {**runs, "TRICE stage 1": (stage1, sent), "TRICE": (stage2, ted)}
+
+
+def ted_run(ch: Chapter, system: str):
+    """One Table-4 system: (run, the data it reads), or TRICE's ((stage 1, its data), (stage 2, its data))."""
+    ted, sent, doc, out = ch.tasks["ted"], ch.tasks["ted_sent"], ch.tasks["ted_doc"], ch.out_dir
+    if system == "MBART-TRANS":
+        return train_mbart_trans(ch.pretrained, sent, ch.scale, ch.device, out / "ted-mbart", ch.seed), sent
+    if system == "MBART-DOCTRANS":
+        return train_mbart_trans(ch.pretrained, doc, ch.scale, ch.device, out / "ted-doc", ch.seed), doc
+    if system == "DualBART":
+        return train_dualbart(ch.pretrained, ted, ch.scale, ch.device, out / "ted-dualbart", ch.seed), ted
+    stage1, stage2 = train_trice(ch.pretrained, ted, ch.scale, ch.device, out / "ted-trice", ch.seed, single=sent)
+    return (stage1, sent), (stage2, ted)
 
 
 # Tables 5-7: stage-2 variants on the APE task, all from the same APE stage-1 model (one seed each).
@@ -385,26 +420,65 @@ ANALYSIS_VARIANTS = {
 }
 
 
+ANALYSIS_RUNS = (*ANALYSIS_VARIANTS, "Fine encoder (N_f = 1)", "– gradual finetuning", "The fine encoder")
+
+
 def analysis_runs(ch: Chapter, ape: dict[str, RunResult]) -> dict[str, RunResult]:
     """Tables 5-7: name -> stage-2 run on APE, each on the scale's `analysis` budget (default: stage 2's).
     "Fine encoder (N_f = 1)" is TRICE itself (all parameters): APE's TRICE run, or a run of its own when the
     analysis budget differs; "– gradual finetuning" starts stage 2 from the pre-trained model; "The fine
     encoder" freezes the rest."""
-    stage1, data, out, cfg = ape["TRICE stage 1"].model, ch.tasks["ape"], ch.out_dir, ch.scale.analysis
-    runs = {name: train_stage2(stage1, data, ch.scale, ch.device, out / f"ape-var-{i}", ch.seed, cfg, **fields)
-            for i, (name, fields) in enumerate(ANALYSIS_VARIANTS.items())}
-    runs["Fine encoder (N_f = 1)"] = ape["TRICE"] if cfg is None else train_stage2(
-        stage1, data, ch.scale, ch.device, out / "ape-var-reference", ch.seed, cfg)
-    runs["– gradual finetuning"] = train_stage2(ch.pretrained, data, ch.scale, ch.device, out / "ape-no-gradual",
-                                                ch.seed, cfg)
-    runs["The fine encoder"] = train_stage2(stage1, data, ch.scale, ch.device, out / "ape-fine-only", ch.seed, cfg,
-                                            freeze_old=True)
+    stage1 = ape["TRICE stage 1"].model
+    runs = {name: analysis_run(ch, stage1, name) for name in ANALYSIS_RUNS}
+    if ch.scale.analysis is None:
+        runs["Fine encoder (N_f = 1)"] = ape["TRICE"]
     return runs
 
 
-def run_chapter(scale_name: str, device: torch.device, out_dir: str | Path, seed: int = 0) -> dict:
-    """Every training run of chapter 1, through the run cache (`python -m msgcore.experiments ch01`)."""
+def analysis_run(ch: Chapter, stage1: TriceTransformer, name: str) -> RunResult | None:
+    """One Tables 5-7 run from APE's stage-1 model; "Fine encoder (N_f = 1)" is None without an analysis budget of
+    its own (APE's TRICE run is the reference then)."""
+    data, out, cfg = ch.tasks["ape"], ch.out_dir, ch.scale.analysis
+    if name in ANALYSIS_VARIANTS:
+        i = list(ANALYSIS_VARIANTS).index(name)
+        return train_stage2(stage1, data, ch.scale, ch.device, out / f"ape-var-{i}", ch.seed, cfg,
+                            **ANALYSIS_VARIANTS[name])
+    if name == "Fine encoder (N_f = 1)":
+        return None if cfg is None else train_stage2(stage1, data, ch.scale, ch.device, out / "ape-var-reference",
+                                                     ch.seed, cfg)
+    if name == "– gradual finetuning":
+        return train_stage2(ch.pretrained, data, ch.scale, ch.device, out / "ape-no-gradual", ch.seed, cfg)
+    return train_stage2(stage1, data, ch.scale, ch.device, out / "ape-fine-only", ch.seed, cfg, freeze_old=True)
+
+
+def share_jobs(ch: Chapter) -> list[Callable[[], object]]:
+    """The chapter's runs as jobs that processes side by side can share (`run_chapter`'s `part`), each through
+    the same helper as its section: APE's TRICE first (the analysis runs start from its stage 1), then every other
+    run. A job that needs a run another process is training waits for it (msgcore.runcache's lock)."""
+    jobs = [partial(ape_run, ch, "TRICE"), partial(ape_run, ch, "DualTrans"), partial(ape_run, ch, "DualBART")]
+    jobs += [partial(multi30k_seed_runs, ch, s) for s in ch.seeds]
+    jobs += [partial(multi30k_single_run, ch, system) for system in ("DualTrans", *MULTI30K_SINGLE)]
+    jobs += [partial(lambda name: analysis_run(ch, ape_run(ch, "TRICE")[0].model, name), name)
+             for name in ANALYSIS_RUNS]
+    if ch.scale.ted_systems:
+        jobs += [partial(ted_run, ch, system) for system in TED_SYSTEMS]
+    if ch.scale.budget_total:
+        jobs += [partial(budget_split_run, ch, first) for first in ch.scale.budget_splits]
+        jobs.append(partial(dualbart_fixed, ch))
+    return jobs
+
+
+def run_chapter(scale_name: str, device: torch.device, out_dir: str | Path, seed: int = 0,
+                part: tuple[int, int] = (0, 1)) -> dict:
+    """Every training run of chapter 1, through the run cache (`python -m msgcore.experiments ch01`). With `part` =
+    (i, N), N processes side by side: process i trains every N-th job of `share_jobs`; process 0 then makes the
+    full pass, finding the runs in the cache (or awaiting them), so that what it returns is the whole chapter."""
     ch = start_chapter(scale_name, device, out_dir, seed)
+    if part != (0, 1):
+        for job in share_jobs(ch)[part[0]::part[1]]:
+            job()
+        if part[0] != 0:
+            return {"chapter": ch}
     ape = ape_runs(ch)
     runs = {"chapter": ch, "m30k": multi30k_runs(ch), "ape": ape, "analysis": analysis_runs(ch, ape)}
     if ch.scale.ted_systems:
