@@ -614,3 +614,49 @@ def test_a_mean_bleu_is_scored_per_caption_with_paired_replicates():
     expected = np.mean([corpus_score("bleu", h, r).score for h, r in zip(hyps, refs)])
     assert measure.scores[7] == pytest.approx(expected) and measure.sentences == N_CAPTIONS
     assert len(measure.replicates[7]) == 200 and measure.signature.startswith("mean over 2 directions of")
+
+
+class PieceTok:
+    """A tokenizer stub: one id per word, language tags from 1."""
+    vocab_size, bos_id, eos_id, pad_id = 100, exp.BOS, exp.EOS, exp.PAD
+
+    def encode_batch(self, texts):
+        return [[10 + len(w) for w in t.split()] for t in texts]
+
+    def lang_id(self, lang):
+        return {"en": 1, "de": 2}[lang]
+
+
+def write_task2(folder, images: int):
+    import gzip
+
+    (folder / "train_images.txt").write_text("".join(f"{i}.jpg\n" for i in range(images)))
+    for lang in ("en", "de"):
+        for k in range(1, 6):
+            with gzip.open(folder / f"train.{k}.{lang}.gz", "wt") as f:
+                f.write("".join(f"{lang} picture {i} text {k}\n" for i in range(images)))
+
+
+def test_task2_documents_are_every_description_grouped_by_image(tmp_path):
+    write_task2(tmp_path, 4)
+    docs = exp.task2_documents(PieceTok(), images=range(1, 3), data_dir=tmp_path)
+    assert len(docs) == 2 * 2 * 5  # 2 images x 2 languages x 5 descriptions
+    assert sorted(set(docs.groups)) == [1, 2] and docs.groups.count(1) == 10
+    assert docs.langs.count("en") == docs.langs.count("de") == 10 and set(docs.prefixes) == {1, 2}
+    with pytest.raises(MsgcoreError, match="images 3..4 are outside task 2's train split"):
+        exp.task2_documents(PieceTok(), images=range(3, 5), data_dir=tmp_path)
+
+
+def test_pooled_retrieval_ranks_only_within_a_pool(monkeypatch):
+    # 4 groups of an en and a de document; group 0's en document is closest to group 2's de document, which is
+    # in another pool when pools hold 2 groups
+    vectors = {(0, "en"): [1.0, 0.0], (0, "de"): [0.8, 0.6], (1, "en"): [0.0, 1.0], (1, "de"): [0.1, 1.0],
+               (2, "en"): [-1.0, 0.0], (2, "de"): [1.0, 0.05], (3, "en"): [0.0, -1.0], (3, "de"): [-0.1, -1.0]}
+    keys = list(vectors)
+    docs = exp.Documents([[5]] * len(keys), [lang for _, lang in keys], [gr for gr, _ in keys], [1] * len(keys))
+    g = torch.nn.functional.normalize(torch.tensor([vectors[k] for k in keys]), dim=1)
+    monkeypatch.setattr(exp, "embed_documents", lambda model, pieces, *a, **k: g)
+    whole = exp.retrieval_metrics(None, docs)
+    pooled = exp.retrieval_metrics(None, docs, pool_groups=2)
+    assert whole["hits"][0] == 0 and pooled["hits"][0] == 1  # the stray neighbour is out of the pool
+    assert pooled["p_at_1"] > whole["p_at_1"]

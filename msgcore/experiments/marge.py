@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from msgcore import dryrun, verdicts as V
-from msgcore.data import Corpus, load_doc_level, load_multi30k, synthetic_corpus
+from msgcore.data import Corpus, load_doc_level, load_multi30k, load_multi30k_task2, synthetic_corpus
 from msgcore.foundations.denoiser import Denoiser, copy_model, derived_config, pretrained_denoiser, split_documents_at
 from msgcore.metrics import corpus_score, paired_standard_error, sentence_statistics, statistics_scorer
 from msgcore.recipes import CPU_BOOK_SETTING, TranslationData, train_model
@@ -96,6 +96,26 @@ def multi30k_documents(tokenizer, split: str = "train", languages=("de", "fr", "
     return documents_from_corpus(corpus, tokenizer, max_len, overlap, seed)
 
 
+def task2_documents(tokenizer, split: str = "train", images: range | None = None, languages=("en", "de"),
+                    max_len: int = 128, data_dir=None) -> Documents:
+    """Multi30k task 2 as comparable documents: every description of an image is a document in its language, and
+    an image's descriptions (5 per language, each written without seeing the others) form its group, numbered by
+    the image's row. No document is a translation of another: related documents with no bitext, the setting of
+    §1. `images`: the rows to take (default: all of the split)."""
+    descriptions = load_multi30k_task2(split, languages, data_dir=data_dir)
+    rows = range(len(descriptions)) if images is None else images
+    if rows and (rows[0] < 0 or rows[-1] >= len(descriptions)):
+        raise MsgcoreError(f"images {rows.start}..{rows.stop - 1} are outside task 2's {split} split "
+                           f"({len(descriptions):,} images)")
+    pieces, langs, groups = [], [], []
+    for lang in languages:
+        texts = [(i, text) for i in rows for text in descriptions.descriptions[lang][i]]
+        pieces += [ids[:max_len] for ids in tokenizer.encode_batch([text for _, text in texts])]
+        langs += [lang] * len(texts)
+        groups += [i for i, _ in texts]
+    return Documents(pieces, langs, groups, [tokenizer.lang_id(lang) for lang in langs])
+
+
 DOC_LEVEL_CORPORA = ("ted", "nc", "europarl")  # msgcore.data.load_doc_level's TED, News Commentary, Europarl
 
 
@@ -159,18 +179,25 @@ def toy_documents(n: int, num_languages: int = 2, seed: int = 0, vocab_size: int
 
 
 @torch.no_grad()
-def retrieval_metrics(model, docs: Documents, bos_id: int = BOS, eos_id: int = EOS, pad_id: int = PAD) -> dict:
-    """Cross-lingual retrieval with g over the whole corpus: for each document, the documents of other
-    languages ranked by f. P@1 and MRR of the nearest related document; hits = each query's P@1 (1: its nearest
-    other-language document is related; the queries are the documents that have one), which the bootstrap over
-    queries resamples (`rate_statistics`); gap = mean f of related minus mean f of unrelated cross-lingual pairs;
-    spread = std of f (a collapse warning when ~0)."""
+def retrieval_metrics(model, docs: Documents, bos_id: int = BOS, eos_id: int = EOS, pad_id: int = PAD,
+                      pool_groups: int = 0) -> dict:
+    """Cross-lingual retrieval with g: for each document, the documents of other languages ranked by f, over the
+    whole corpus or, with `pool_groups`, within its pool (the documents of `pool_groups` consecutive groups, in
+    the order of their numbers), so that the task's difficulty does not grow with the corpus. P@1 and MRR of the
+    nearest related document; hits = each query's P@1 (1: its nearest other-language document is related; the
+    queries are the documents that have one), which the bootstrap over queries resamples (`rate_statistics`);
+    gap = mean f of related minus mean f of unrelated cross-lingual pairs; spread = std of f (a collapse warning
+    when ~0)."""
     g = embed_documents(model, docs.pieces, bos_id, eos_id, pad_id)
     codes = {lang: i for i, lang in enumerate(sorted(set(docs.langs)))}
     lang = torch.tensor([codes[x] for x in docs.langs])
     group = torch.tensor(docs.groups)
     f = g @ g.T  # (D, D)
     cross = lang[:, None] != lang[None, :]
+    if pool_groups:
+        rank = {gr: i for i, gr in enumerate(sorted(set(docs.groups)))}
+        pool = torch.tensor([rank[gr] // pool_groups for gr in docs.groups])
+        cross &= pool[:, None] == pool[None, :]
     related = cross & (group[:, None] == group[None, :])
     has = related.any(1)
     scores = f.masked_fill(~cross, float("-inf"))
