@@ -36,6 +36,7 @@ import contextlib
 import json
 import multiprocessing
 import re
+from queue import Empty
 import statistics
 import sys
 import tempfile
@@ -246,22 +247,38 @@ MEASUREMENTS = {"train": lambda *a: train_row(*a), "golden": lambda *a: golden_l
                 "decode": lambda *a: decode_row(*a)}
 
 
+class MeasurementFailed(Exception):
+    """A measurement's process failed: its error, or how it exited."""
+
+
 def worker(kind: str, variant: str, args: tuple, queue) -> None:
     if variant == "cuDNN attention allowed":  # this process only
         attention.GPU_SDPA_BACKENDS.append(SDPBackend.CUDNN_ATTENTION)
-    queue.put(MEASUREMENTS[kind](variant, *args))
+    try:
+        queue.put(MEASUREMENTS[kind](variant, *args))
+    except Exception as error:  # the bench goes on without this row, and the report says why
+        queue.put(MeasurementFailed(f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"))
 
 
 def isolated(kind: str, variant: str, *args, fresh: bool = True):
-    """One measurement (`MEASUREMENTS[kind]`) of `variant` in a fresh process (`fresh`), or here."""
+    """One measurement (`MEASUREMENTS[kind]`) of `variant` in a fresh process (`fresh`), or here. A failure in the
+    process, or its death, is a MeasurementFailed."""
     if not fresh:
         return MEASUREMENTS[kind](variant, *args)
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     process = ctx.Process(target=worker, args=(kind, variant, args, queue))
     process.start()
-    result = queue.get()
+    while True:
+        try:
+            result = queue.get(timeout=5)
+            break
+        except Empty:
+            if not process.is_alive() and queue.empty():
+                raise MeasurementFailed(f"its process exited with code {process.exitcode}") from None
     process.join()
+    if isinstance(result, MeasurementFailed):
+        raise result
     return result
 
 
@@ -285,23 +302,38 @@ def bench(device: torch.device, quick: bool = False, with_hf: bool = True, only:
     for variant in last:
         for preset_name, tokens in settings:
             profile = (preset_name, tokens) == settings[0] and variant in ("book", "torch.compile", HF)
-            report["train"].append(isolated("train", variant, preset_name, tokens, device, steps,
-                                            warmup * (2 if variant == "torch.compile" else 1), profile,
-                                            fresh=fresh))
-            row = report["train"][-1]
-            print(f"{variant}, {preset_name} at {tokens} tokens: {row['ms per update']:.2f} ms per update "
-                  f"(warm-up {row['warm-up s']:.1f} s)", flush=True)
+            row = attempt(report, f"train {variant}, {preset_name} at {tokens}", isolated, "train", variant,
+                          preset_name, tokens, device, steps, warmup * (2 if variant == "torch.compile" else 1),
+                          profile, fresh=fresh)
+            if row:
+                report["train"].append(row)
+                print(f"{variant}, {preset_name} at {tokens} tokens: {row['ms per update']:.2f} ms per update "
+                      f"(warm-up {row['warm-up s']:.1f} s)", flush=True)
             save(report)
         if variant != HF:
-            report["golden"][variant] = isolated("golden", variant, target_preset, target_tokens, device,
-                                                 golden_updates, fresh=fresh)
+            losses = attempt(report, f"golden {variant}", isolated, "golden", variant, target_preset, target_tokens,
+                             device, golden_updates, fresh=fresh)
+            if losses:
+                report["golden"][variant] = losses
             save(report)
-        if variant in ("book", "no cuDNN attention", HF):
-            report["decode"].append(isolated("decode", variant, settings[0][0], device, fresh=fresh))
-            print(f"{variant}, beam 5: {report['decode'][-1]['generated tokens/s']:,.0f} generated tokens/s",
-                  flush=True)
+        if variant in ("book", "cuDNN attention allowed", HF):
+            row = attempt(report, f"decode {variant}", isolated, "decode", variant, settings[0][0], device,
+                          fresh=fresh)
+            if row:
+                report["decode"].append(row)
+                print(f"{variant}, beam 5: {row['generated tokens/s']:,.0f} generated tokens/s", flush=True)
             save(report)
     return report
+
+
+def attempt(report: dict, what: str, measure: Callable, *args, **kwargs):
+    """`measure(*args, **kwargs)`, or None after a MeasurementFailed, which the report's "failed" list keeps."""
+    try:
+        return measure(*args, **kwargs)
+    except MeasurementFailed as error:
+        report.setdefault("failed", []).append(f"{what}: {error}")
+        print(f"{what} failed: {error}", file=sys.stderr, flush=True)
+        return None
 
 
 def golden_gap(report: dict, variant: str) -> float | None:
@@ -374,6 +406,8 @@ def markdown(report: dict) -> str:
         lines += ["", "| beam 5, batch 64 | generated tokens/s | ms per sentence |", "| --- | --- | --- |"]
         lines += [f"| {r['variant']} | {cell(r['generated tokens/s'])} | {cell(r['ms per sentence'])} |"
                   for r in report["decode"]]
+    if report.get("failed"):
+        lines += ["", *(f"Failed: {failure}." for failure in report["failed"])]
     measured = summary(report)
     if measured:
         lines += ["", "| target | measured | goal |", "| --- | --- | --- |"]

@@ -100,3 +100,16 @@ def test_the_findings_compare_cudnn_with_and_without_from_the_report():
 def test_tokens_that_name_no_setting_are_refused_before_any_work():
     with pytest.raises(bench_gpu.MsgcoreError, match="names no setting"):
         bench_gpu.bench(CPU, tokens=[123])
+
+
+def test_a_measurement_that_fails_in_its_process_is_one_line_and_the_bench_goes_on():
+    with pytest.raises(bench_gpu.MeasurementFailed, match=r"^MsgcoreError: unknown preset 'huge'"):
+        bench_gpu.isolated("golden", "book", "huge", 256, CPU, 1)
+    r = report(book=10.0)
+
+    def fails():
+        raise bench_gpu.MeasurementFailed("its process exited with code -9")
+
+    assert bench_gpu.attempt(r, "decode book", fails) is None
+    assert r["failed"] == ["decode book: its process exited with code -9"]
+    assert "Failed: decode book: its process exited with code -9." in bench_gpu.markdown(r)
