@@ -12,13 +12,14 @@ step, the rest is the host dispatching kernels one by one. Each variant changes 
 (`Trainer.train_step` in bf16 autocast with the fused AdamW, as every chapter trains on a GPU) and is timed on the
 same token batches, after warm-up, each in a fresh process (so that no variant finds a cache another one filled):
 
-    book                 the chapters' path as it stands (on a GPU, SDPA's kernels but cuDNN's: GPU_SDPA_BACKENDS)
-    cuDNN attention allowed   SDPA may pick cuDNN's attention kernel too (torch's own choice), which builds an
-                         execution plan for every new shape
-    foreach AdamW        the multi-tensor AdamW instead of the fused one: what the fused kernel buys
-    background collate   the next batch collated, pinned and copied in a thread while this one trains
-    torch.compile        the model's loss compiled (forward and loss; AOTAutograd compiles the backward), dynamic
-                         shapes; the compile time is in the variant's warm-up seconds, not hidden
+    book                     the chapters' path as it stands (on a GPU, SDPA's kernels but cuDNN's attention:
+                             attention.GPU_SDPA_BACKENDS)
+    cuDNN attention allowed  SDPA may pick cuDNN's attention too (torch's own choice), which builds an execution
+                             plan for every new shape
+    foreach AdamW            the multi-tensor AdamW instead of the fused one: what the fused kernel buys
+    background collate       the next batch collated, pinned and copied in a thread while this one trains
+    torch.compile            the model's loss compiled (forward and loss; AOTAutograd compiles the backward),
+                             dynamic shapes; the compile time is in the variant's warm-up seconds, not hidden
 
 Golden check: from the same initial weights, with dropout off, every variant takes the same `GOLDEN_UPDATES`
 updates on the same batches; the report gives the largest gap between its losses and the book's.
@@ -36,13 +37,13 @@ import contextlib
 import json
 import multiprocessing
 import re
-from queue import Empty
 import statistics
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from queue import Empty
 from typing import Callable, Iterator
 
 import torch
@@ -50,7 +51,6 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from msgcore import attention
-
 from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batches
 from msgcore.generation import GenerationConfig
 from msgcore.loss import label_smoothed_cross_entropy
@@ -60,7 +60,7 @@ from msgcore.trainer import Trainer, TrainConfig, lr_schedule, native_bf16
 from msgcore.utils import MsgcoreError, atomic_write, device_name, git_commit, resolve_device
 
 REPORTS = Path(__file__).resolve().parent.parent / "book" / "benchmarks" / "gpu"
-SETTINGS = (("small", 8192), ("small", 2048))  # (preset, tokens per batch); the first is the issue's target setting
+SETTINGS = (("small", 8192), ("small", 2048))  # (preset, tokens per batch); the first is the target's setting
 QUICK_SETTINGS = (("tiny", 512),)
 VARIANTS = ("book", "cuDNN attention allowed", "foreach AdamW", "background collate", "torch.compile")
 HF = "HF BART"
