@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import multiprocessing
 import re
 import statistics
@@ -55,9 +54,10 @@ from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batc
 from msgcore.generation import GenerationConfig
 from msgcore.loss import label_smoothed_cross_entropy
 from msgcore.model import Transformer, TransformerConfig, preset
-from msgcore.probe import BOS, EOS, LENGTHS, PAD, VOCAB, book_precision, random_corpus, where_the_time_goes
+from msgcore.probe import (BOS, EOS, LENGTHS, PAD, VOCAB, book_precision, random_corpus, where_the_time_goes,
+                           write_report)
 from msgcore.trainer import Trainer, TrainConfig, lr_schedule, native_bf16
-from msgcore.utils import MsgcoreError, atomic_write, device_name, git_commit, resolve_device
+from msgcore.utils import MsgcoreError, device_name, git_commit, resolve_device
 
 REPORTS = Path(__file__).resolve().parent.parent / "book" / "benchmarks" / "gpu"
 SETTINGS = (("small", 8192), ("small", 2048))  # (preset, tokens per batch); the first is the target's setting
@@ -490,12 +490,7 @@ def findings(report: dict) -> list[str]:
 
 
 def write(report: dict, out: Path) -> Path:
-    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in report["device"]).strip("-").lower()
-    out.mkdir(parents=True, exist_ok=True)
-    for suffix, text in ((".json", json.dumps(report, indent=1)), (".md", markdown(report))):
-        with atomic_write(out / f"{name}{suffix}", "w") as f:
-            f.write(text)
-    return out / f"{name}.md"
+    return write_report(report, markdown(report), out)
 
 
 def main(argv: list[str] | None = None) -> int:

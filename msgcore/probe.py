@@ -221,6 +221,17 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_report(report: dict, text: str, out: Path) -> Path:
+    """`report` as out/<device>.json and its Markdown `text` as out/<device>.md, each written whole or not at all;
+    returns the .md path (the GPU bench writes its reports this way too)."""
+    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in report["device"]).strip("-").lower()
+    out.mkdir(parents=True, exist_ok=True)
+    for suffix, content in ((".json", json.dumps(report, indent=1)), (".md", text)):
+        with atomic_write(out / f"{name}{suffix}", "w") as f:
+            f.write(content)
+    return out / f"{name}.md"
+
+
 def main(argv: list[str] | None = None) -> int:
     from msgcore.options import OneLineParser, device_option
 
@@ -237,11 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     except MsgcoreError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in report["device"]).strip("-").lower()
-    args.out.mkdir(parents=True, exist_ok=True)
-    for suffix, text in ((".json", json.dumps(report, indent=1)), (".md", markdown(report))):
-        with atomic_write(args.out / f"{name}{suffix}", "w") as f:
-            f.write(text)
+    write_report(report, markdown(report), args.out)
     print(markdown(report), end="")
     return 0
 
