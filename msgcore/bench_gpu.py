@@ -18,6 +18,11 @@ same token batches, after warm-up, each in a fresh process (so that no variant f
                              plan for every new shape
     foreach AdamW            the multi-tensor AdamW instead of the fused one: what the fused kernel buys
     background collate       the next batch collated, pinned and copied in a thread while this one trains
+    CUDA graphs              each batch padded to one of a few bucket shapes, and the whole update (forward,
+                             backward, clipping, the fused AdamW made capturable) captured as one CUDA graph per
+                             bucket and replayed: one launch where the host launched every kernel
+                             (msgcore.cuda_graphs). The captures are in the warm-up seconds, their count and time
+                             in the report. CUDA only: on another device the bench skips it with one line
     torch.compile            the model's loss compiled (forward and loss; AOTAutograd compiles the backward),
                              dynamic shapes; the compile time is in the variant's warm-up seconds, not hidden
 
@@ -51,6 +56,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from msgcore import attention
 from msgcore.batching import EncodedCorpus, collate, example_lengths, token_batches
+from msgcore.cuda_graphs import GraphedUpdate, shape_of_indices
 from msgcore.generation import GenerationConfig
 from msgcore.loss import label_smoothed_cross_entropy
 from msgcore.model import Transformer, TransformerConfig, preset
@@ -62,7 +68,8 @@ from msgcore.utils import MsgcoreError, device_name, git_commit, resolve_device
 REPORTS = Path(__file__).resolve().parent.parent / "book" / "benchmarks" / "gpu"
 SETTINGS = (("small", 8192), ("small", 2048))  # (preset, tokens per batch); the first is the target's setting
 QUICK_SETTINGS = (("tiny", 512),)
-VARIANTS = ("book", "cuDNN attention allowed", "foreach AdamW", "background collate", "torch.compile")
+GRAPHS = "CUDA graphs"
+VARIANTS = ("book", "cuDNN attention allowed", "foreach AdamW", "background collate", GRAPHS, "torch.compile")
 HF = "HF BART"
 GOLDEN_UPDATES = 20
 DECODE_BATCH, DECODE_BATCHES = 64, 4  # the first batch warms up
@@ -123,8 +130,8 @@ def build(name: str, cfg: TransformerConfig) -> nn.Module:
 
 
 def trainer_for(variant: str, model: nn.Module, data: EncodedCorpus, max_tokens: int, device: torch.device,
-                out: str) -> Trainer:
-    """The book's Trainer, changed as `variant` says."""
+                out: str) -> Trainer | GraphedUpdate:
+    """The book's Trainer, changed as `variant` says (for CUDA graphs, wrapped: its `train_step` replays graphs)."""
     cfg = TrainConfig(max_tokens=max_tokens, amp=book_precision(device), progress=False, warmup_steps=100)
     trainer = Trainer(model, None, data, None, None, cfg, device, out)
     if variant == "foreach AdamW":
@@ -135,6 +142,8 @@ def trainer_for(variant: str, model: nn.Module, data: EncodedCorpus, max_tokens:
                                                               lr_schedule(cfg.schedule, cfg.warmup_steps))
     elif variant == "torch.compile":
         model.loss = torch.compile(model.loss, dynamic=True)  # the instance's loss: Trainer.loss_sum calls it
+    elif variant == GRAPHS:
+        return GraphedUpdate(trainer)
     return trainer
 
 
@@ -183,6 +192,8 @@ def train_row(variant: str, preset_name: str, max_tokens: int, device: torch.dev
         trainer = trainer_for(variant if variant != HF else "book", model, data, max_tokens, device, out)
         times, tokens, start = [], 0, time.perf_counter()
         warmup_s = 0.0
+        if isinstance(trainer, GraphedUpdate):  # every bucket's graph before the timed updates, in the warm-up s
+            trainer.capture([shape_of_indices(data, idx) for idx in batches])
         for i, (batch, (source_tokens, target_tokens)) in enumerate(batch_stream(variant, data, batches, device)):
             if i == warmup:
                 synchronize(device)
@@ -202,7 +213,15 @@ def train_row(variant: str, preset_name: str, max_tokens: int, device: torch.dev
     return {"variant": variant, "preset": preset_name, "tokens per batch": max_tokens,
             "ms per update": 1000 * statistics.median(times), "mean ms per update": 1000 * statistics.mean(times),
             "target tokens/s": tokens / sum(times),
-            "updates timed": len(times), "warm-up s": warmup_s, **({"profile": table} if table else {})}
+            "updates timed": len(times), "warm-up s": warmup_s, **graph_counts(trainer),
+            **({"profile": table} if table else {})}
+
+
+def graph_counts(trainer) -> dict:
+    """For CUDA graphs, how many were captured (one per bucket) and the seconds their captures took."""
+    if not isinstance(trainer, GraphedUpdate):
+        return {}
+    return {"graphs": trainer.graphs, "capture s": trainer.capture_s}
 
 
 def golden_losses(variant: str, preset_name: str, max_tokens: int, device: torch.device,
@@ -297,6 +316,7 @@ def bench(device: torch.device, quick: bool = False, with_hf: bool = True, only:
     variants = [v for v in (only or VARIANTS + (HF,)) if with_hf or v != HF]  # in the order asked
     report = {"device": device_name(device), "torch": torch.__version__, "commit": git_commit(),
               "precision": book_precision(device), "quick": quick, "fresh processes": fresh, "train": [], "golden": {}, "decode": []}
+    variants = runnable(variants, device, report)
     last = [v for v in variants if v != "torch.compile"] + ["torch.compile"] * ("torch.compile" in variants)
     target_preset, target_tokens = settings[0]
     for variant in last:
@@ -324,6 +344,16 @@ def bench(device: torch.device, quick: bool = False, with_hf: bool = True, only:
                 print(f"{variant}, beam 5: {row['generated tokens/s']:,.0f} generated tokens/s", flush=True)
             save(report)
     return report
+
+
+def runnable(variants: list[str], device: torch.device, report: dict) -> list[str]:
+    """The variants that `device` can run; each one left out is one line in the report's "skipped" list."""
+    if GRAPHS in variants and device.type != "cuda":
+        why = (f"{GRAPHS}: CUDA graphs need a CUDA device, this is {device.type} (tests/test_bench_gpu.py checks "
+               "its bucket padding on the CPU)")
+        report.setdefault("skipped", []).append(why)
+        print(f"skipped {why}", file=sys.stderr, flush=True)
+    return [v for v in variants if v != GRAPHS or device.type == "cuda"]
 
 
 def attempt(report: dict, what: str, measure: Callable, *args, **kwargs):
@@ -406,8 +436,14 @@ def markdown(report: dict) -> str:
         lines += ["", "| beam 5, batch 64 | generated tokens/s | ms per sentence |", "| --- | --- | --- |"]
         lines += [f"| {r['variant']} | {cell(r['generated tokens/s'])} | {cell(r['ms per sentence'])} |"
                   for r in report["decode"]]
-    if report.get("failed"):
-        lines += ["", *(f"Failed: {failure}." for failure in report["failed"])]
+    graphs = [f"{r['variant']}, {r['preset']} at {r['tokens per batch']:,} tokens: {r['graphs']} graphs (one per "
+              f"bucket) captured in {r['capture s']:.1f} s, within its warm-up s."
+              for r in report["train"] if "graphs" in r]
+    if graphs:
+        lines += ["", *graphs]
+    if report.get("skipped") or report.get("failed"):
+        lines += ["", *(f"Skipped: {line}." for line in report.get("skipped", ())),
+                  *(f"Failed: {failure}." for failure in report.get("failed", ()))]
     measured = summary(report)
     if measured:
         lines += ["", "| target | measured | goal |", "| --- | --- | --- |"]

@@ -1,11 +1,13 @@
 """The GPU bench (msgcore.bench_gpu), checked on the CPU: each variant is the book's update changed in one way
-only (its losses equal the book's), the background stream yields the same batches, and the report's targets."""
+only (its losses equal the book's), the background stream yields the same batches, and the report's targets. The
+CUDA-graphs variant needs CUDA: here its buckets and its padding (msgcore.cuda_graphs) are checked, and that the bench
+skips it with one line."""
 import importlib.util
 
 import pytest
 import torch
 
-from msgcore import bench_gpu
+from msgcore import bench_gpu, cuda_graphs
 from msgcore.batching import example_lengths, token_batches
 from msgcore.probe import random_corpus
 
@@ -113,3 +115,141 @@ def test_a_measurement_that_fails_in_its_process_is_one_line_and_the_bench_goes_
     assert bench_gpu.attempt(r, "decode book", fails) is None
     assert r["failed"] == ["decode book: its process exited with code -9"]
     assert "Failed: decode book: its process exited with code -9." in bench_gpu.markdown(r)
+
+
+# ---- CUDA graphs over bucketed shapes: the padding, checked on the CPU --------------------------------------------
+
+def bench_shapes(max_tokens: int) -> list[tuple[int, int, int]]:
+    """(B, S, T) of the bench's batches at `max_tokens` (bench_gpu.train_row's data: 10 warm-up, 40 timed)."""
+    data = random_corpus(max(64, 55 * max_tokens // sum(bench_gpu.LENGTHS) * 2), seed=0)
+    batches = token_batches(example_lengths(data), max_tokens, shuffle=True, seed=0)
+    return [cuda_graphs.shape_of_indices(data, idx) for idx in batches]
+
+
+@pytest.mark.parametrize("max_tokens", [8192, 2048, 512])
+def test_every_batch_maps_to_a_bucket_at_least_as_large_and_the_buckets_are_few(max_tokens):
+    shapes = bench_shapes(max_tokens)
+    buckets = [cuda_graphs.bucket_of(shape) for shape in shapes]
+    for (rows, source, target), (b_rows, b_source, b_target) in zip(shapes, buckets):
+        assert rows <= b_rows <= 1.25 * rows  # at most a quarter more rows
+        assert source <= b_source < source + cuda_graphs.LENGTH_STEP and b_source % cuda_graphs.LENGTH_STEP == 0
+        assert target <= b_target < target + cuda_graphs.LENGTH_STEP and b_target % cuda_graphs.LENGTH_STEP == 0
+    assert len(shapes) > 60 and len(set(buckets)) <= 12  # one graph per bucket: a few captures, not one per batch
+    padded = sum(b * (s + t) for b, s, t in buckets) / sum(b * (s + t) for b, s, t in shapes)
+    assert padded < 1.3
+
+
+def test_the_buckets_are_bounded_for_any_shape():
+    shapes = [(rows, source, target) for rows in range(1, 1025) for source in (1, 7, 8, 9, 63) for target in (5, 64)]
+    buckets = {cuda_graphs.bucket_of(shape) for shape in shapes}
+    rows = {b[0] for b in buckets}
+    assert len(rows) <= 4 * 10 + 1  # four row sizes per doubling, 2^0 .. 2^10
+    assert all(cuda_graphs.round_rows(r) >= r for r in range(1, 5000))
+    assert cuda_graphs.round_rows(300) == 320 and cuda_graphs.round_rows(513) == 640 and cuda_graphs.round_rows(7) == 7
+    assert cuda_graphs.round_length(1021, limit=1024) == 1024 and cuda_graphs.round_length(1030, limit=1024) == 1030
+
+
+def test_a_batch_shape_is_read_off_the_lengths_as_collate_makes_it():
+    data = random_corpus(40)
+    idx = [3, 17, 5, 30]
+    assert cuda_graphs.shape_of_indices(data, idx) == cuda_graphs.shape_of(bench_gpu.collate(data, idx))
+
+
+def test_a_padded_batch_gives_the_unpadded_loss_and_gradients_in_fp32():
+    torch.manual_seed(0)
+    model = bench_gpu.Transformer(bench_gpu.preset("tiny", vocab_size=bench_gpu.VOCAB, pad_id=bench_gpu.PAD,
+                                                   dropout=0.0))
+    data = random_corpus(60)
+    for idx in token_batches(example_lengths(data), 256, shuffle=True, seed=0)[:3]:
+        batch = bench_gpu.collate(data, idx)
+        padded = cuda_graphs.pad_to_bucket(batch, (len(idx) + 5, batch.sources[0].size(1) + 11,
+                                                   batch.target_in.size(1) + 9))  # rows and columns of padding
+        assert padded.num_target_tokens == batch.num_target_tokens
+        losses, grads = [], []
+        for b in (batch, padded):
+            model.zero_grad()
+            loss = model.loss(b, 0.1) / batch.num_target_tokens
+            loss.backward()
+            losses.append(loss.item())
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        assert losses[1] == pytest.approx(losses[0], abs=1e-5) and torch.isfinite(grads[1]).all()
+        assert torch.allclose(grads[1], grads[0], atol=1e-6, rtol=1e-4)
+
+
+def test_a_batch_that_does_not_fit_its_bucket_is_refused():
+    batch = bench_gpu.collate(random_corpus(10), list(range(10)))
+    with pytest.raises(bench_gpu.MsgcoreError, match="does not fit the bucket"):
+        cuda_graphs.pad_to_bucket(batch, (9, 64, 64))
+
+
+def test_the_bucketed_update_takes_the_books_updates_with_the_same_losses(tmp_path):
+    """The graphs' update run eagerly on padded batches: its losses and weights are the book's, in fp32."""
+    data = random_corpus(120)
+    batches = token_batches(example_lengths(data), 256, shuffle=True, seed=0)[:3]
+    runs = []
+    for bucketed in (False, True):
+        model = bench_gpu.build("book", bench_gpu.preset("tiny", vocab_size=bench_gpu.VOCAB, pad_id=bench_gpu.PAD,
+                                                         dropout=0.0))
+        cfg = bench_gpu.TrainConfig(max_tokens=256, amp="fp32", progress=False, warmup_steps=100)
+        trainer = bench_gpu.Trainer(model, None, data, None, None, cfg, CPU, str(tmp_path))
+        update = cuda_graphs.BucketedUpdate(trainer) if bucketed else trainer
+        losses = [float(update.train_step([bench_gpu.collate(data, idx)])[0]) for idx in batches]
+        runs.append((losses, torch.cat([p.detach().flatten() for p in model.parameters()]), trainer))
+    (book, book_weights, book_trainer), (padded, padded_weights, padded_trainer) = runs
+    assert padded == pytest.approx(book, abs=1e-5)
+    assert torch.allclose(padded_weights, book_weights, atol=1e-5)
+    assert padded_trainer.state.step == 3
+    assert padded_trainer.scheduler.get_last_lr() == book_trainer.scheduler.get_last_lr()
+    assert padded_trainer.state.target_tokens == book_trainer.state.target_tokens
+
+
+def test_without_cuda_the_graphs_variant_is_skipped_with_one_line_and_the_bench_goes_on(tmp_path, capsys):
+    with pytest.raises(bench_gpu.MsgcoreError, match="^CUDA graphs need a CUDA device, not cpu$"):
+        bench_gpu.golden_losses(bench_gpu.GRAPHS, "tiny", 256, CPU, updates=1)  # a worker reports this one line
+    capsys.readouterr()
+    assert bench_gpu.main(["--device", "cpu", "--quick", "--no-hf", "--variants", bench_gpu.GRAPHS,
+                           "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("skipped CUDA graphs: CUDA graphs need a CUDA device, this is cpu")
+    text = next(tmp_path.glob("*.md")).read_text()
+    assert "Skipped: CUDA graphs: CUDA graphs need a CUDA device, this is cpu" in text and "Failed" not in text
+
+
+def test_the_report_says_how_many_graphs_were_captured_and_how_long_it_took():
+    r = report(book=10.0, **{bench_gpu.GRAPHS: 5.0})
+    r["train"][1].update({"graphs": 9, "capture s": 2.25})
+    text = bench_gpu.markdown(r)
+    assert "CUDA graphs, small at 8,192 tokens: 9 graphs (one per bucket) captured in 2.2 s, within its warm-up s." \
+        in text
+    assert bench_gpu.GRAPHS in bench_gpu.VARIANTS and bench_gpu.VARIANTS[-1] == "torch.compile"
+
+
+def test_the_weights_and_optimizer_state_that_warm_ups_change_are_put_back_in_place():
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    saved = cuda_graphs.snapshot(optimizer)  # before the first step: no optimizer state yet
+    weight = model.weight
+    for _ in range(2):
+        model(torch.ones(4, 3)).sum().backward()
+        optimizer.step()
+    state = optimizer.state[weight]
+    moments = state["exp_avg"]
+    assert not torch.equal(weight, saved[id(weight)]) and moments.abs().sum() > 0
+    cuda_graphs.restore(optimizer, saved)
+    assert torch.equal(weight, saved[id(weight)]) and model.weight is weight  # the same tensor: a graph holds it
+    assert state["exp_avg"] is moments and moments.abs().sum() == 0 and float(state["step"]) == 0  # fresh AdamW
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler")  # no optimizer step here: the schedule alone
+def test_the_capturable_optimizer_keeps_the_books_schedule_in_a_tensor(tmp_path):
+    model = bench_gpu.build("book", bench_gpu.preset("tiny", vocab_size=bench_gpu.VOCAB))
+    book = bench_gpu.trainer_for("book", model, random_corpus(50), 256, CPU, str(tmp_path))
+    trainer = bench_gpu.trainer_for("book", model, random_corpus(50), 256, CPU, str(tmp_path))
+    cuda_graphs.capturable_adamw(trainer)
+    group = trainer.optimizer.param_groups[0]
+    assert group["capturable"] and group["fused"] and isinstance(group["lr"], torch.Tensor)
+    assert trainer.scheduler.optimizer is trainer.optimizer
+    for _ in range(3):
+        assert float(group["lr"]) == pytest.approx(book.optimizer.param_groups[0]["lr"], rel=1e-6)
+        trainer.scheduler.step()
+        book.scheduler.step()
