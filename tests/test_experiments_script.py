@@ -68,8 +68,27 @@ def test_part_splits_a_chapters_seeds_over_processes(tmp_path, monkeypatch, caps
     assert trained == [(10,), (11,), (12,)] and ablated == [10]
     assert script.main(["ch05", "--scale", "small", "--device", "cpu", "--part", "3/3"]) == 2
     assert "i must be in 0..N-1" in capsys.readouterr().err
+    monkeypatch.setitem(script.CHAPTERS, "ch03", ("msgcore.experiments.marge", "prepare_starts"))  # no `part`
     assert script.main(["ch03", "--scale", "smoke", "--device", "cpu", "--part", "1/2", "--out", str(tmp_path)]) == 2
     assert "trains in one process: --part is not supported" in capsys.readouterr().err
+
+
+def test_chapter_3s_parts_split_its_seeds_and_process_0_makes_the_full_pass(monkeypatch, tmp_path):
+    """Chapter 3 by seed: process i trains every N-th seed's chain of runs and its share of chapter 0's supervised
+    seeds; process 0 then passes over every seed (finding the others' runs in the cache) and keeps the supervised."""
+    from types import SimpleNamespace
+
+    from msgcore.experiments import marge
+
+    seeds, supervised = [], []
+    monkeypatch.setattr(marge, "start_chapter", lambda scale, device, out, seed: SimpleNamespace(
+        seeds=(seed, seed + 1, seed + 2), supervised=()))
+    monkeypatch.setattr(marge, "prepare_starts", lambda ch: None)
+    monkeypatch.setattr(marge, "seed_runs", lambda ch, s, out: seeds.append(s))
+    monkeypatch.setattr(marge, "supervised_runs", lambda ch, scale, out, part=(0, 1): supervised.append(part) or part)
+    chapters = [marge.run_chapter("small", "cpu", tmp_path, seed=10, part=(i, 3)) for i in (1, 2, 0)]
+    assert seeds == [11, 12, 10, 10, 11, 12] and supervised == [(1, 3), (2, 3), (0, 3), (0, 1)]
+    assert chapters[-1].supervised == (0, 1) and chapters[0].supervised == ()
 
 
 def fake_postech(monkeypatch, trained: list):

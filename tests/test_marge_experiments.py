@@ -271,14 +271,6 @@ def test_pretraining_runs_in_the_recipes_precision_and_its_key_records_it(tmp_pa
     assert len(set(keys)) == 2
 
 
-def test_chunk_document_packs_consecutive_aligned_sentences_under_the_budget():
-    english = [[1, 2], [3, 4, 5], [6], [7] * 9, [8]]
-    german = [[11], [12, 13], [14, 15, 16, 17], [18], [19]]
-    chunks = exp.chunk_document(english, german, max_tokens=5)
-    assert chunks == [([1, 2, 3, 4, 5], [11, 12, 13]), ([6], [14, 15, 16, 17]), ([7] * 5, [18]), ([8], [19])]
-    assert all(len(a) <= 5 and len(b) <= 5 for a, b in chunks)  # the 9-piece sentence is truncated, alone
-
-
 class PieceTokenizer:
     """Stands in for the joint sentencepiece model: one id per whitespace word."""
 
@@ -289,35 +281,10 @@ class PieceTokenizer:
         return {"en": 3, "de": 4}[lang]
 
 
-@pytest.mark.skipif(__import__("msgcore.download", fromlist=["x"]).mirror_dir() is None, reason="no local data mirror")
-def test_doc_level_chunks_pair_english_and_german_and_leave_out_the_ted_validation_talks():
-    from msgcore.data import load_doc_level
-    from msgcore.foundations.denoiser import split_documents_at
-
-    docs = exp.doc_level_documents(PieceTokenizer(), chunks_per_corpus=20, chunk_tokens=40, first_group=1000)
-    assert len(docs) == 2 * 20 * len(exp.DOC_LEVEL_CORPORA) and min(docs.groups) == 1000
-    for group in set(docs.groups):
-        assert sorted(docs.langs[i] for i, g in enumerate(docs.groups) if g == group) == ["de", "en"]
-    assert max(map(len, docs.pieces)) <= 40 and sum(map(len, docs.pieces)) / len(docs) > 15  # several sentences
-    ted = load_doc_level("dev", "ted", skip_empty=True)
-    held_out = split_documents_at(ted, valid_docs=5)[1]
-    every = exp.doc_level_documents(PieceTokenizer(), None, 10 ** 6, 0)  # one chunk per talk: a talk's whole text
-    held_out_talks = {tuple(PieceTokenizer().encode_batch([" ".join(held_out.target[i] for i, d in enumerate(held_out.doc_ids) if d == doc)])[0])
-                      for doc in set(held_out.doc_ids)}
-    assert not held_out_talks & {tuple(p) for p in every.pieces}
-
-
-def test_the_no_bitext_corpus_keeps_one_language_of_every_group():
-    docs = exp.Documents.join(exp.toy_documents(20, seed=0), exp.toy_documents(5, seed=1))
-    assert len(docs) == 50
-    kept = docs.subset(exp.keep_overlap(docs.groups, docs.langs, overlap=0.0))
-    assert len(kept) == len(set(docs.groups)) and len(set(kept.groups)) == len(kept)
-
-
 def test_table5_plan_never_trains_zero_shot_transfer_on_its_test_language():
     plan = exp.table5_plan()
     settings = {(r.init, r.setting) for r in plan}
-    assert ("MARGE", "Train One") in settings and ("denoising (mBART stand-in)", "Train All") in settings
+    assert ("MARGE", "Train One") in settings and (exp.CONTROL, "Train All") in settings
     for run in plan:
         if run.setting == "Zero-shot Transfer":
             assert not set(run.test_languages) & set(run.train_languages) and len(run.train_languages) == 2
@@ -399,29 +366,27 @@ def stub_chapter(scale_name, seed=0):
 
     scale = exp.get_marge_scale(scale_name)
     every = scale.retrieval.refresh_every
-    runs = {("MARGE", seed + s, scale.steps): exp.MargeRun(None, pretraining_log(scale.steps, every, 0.01 + s / 100),
-                                                          1.0) for s in scale.seeds}
-    runs.update({(name, seed, scale.ablation_steps): exp.MargeRun(None, pretraining_log(
-        scale.ablation_steps, every * exp.ABLATIONS[name].get("refresh_factor", 1), 0.005 * i), 1.0)
-        for i, name in enumerate(exp.ABLATIONS)})
+    seeds = tuple(seed + s for s in scale.seeds)
+    runs = {("MARGE", k, scale.steps): exp.MargeRun(None, pretraining_log(scale.steps, every, 0.01 + i / 100), 1.0)
+            for i, k in enumerate(seeds)}
+    runs.update({(name, k, scale.ablation_steps): exp.MargeRun(None, pretraining_log(
+        scale.ablation_steps, every * exp.ABLATIONS[name].get("refresh_factor", 1), 0.005 * i + k / 1000), 1.0)
+        for i, name in enumerate(exp.ABLATIONS) for k in seeds})
     denoiser = SimpleNamespace(run=SimpleNamespace(history=trainer_history(40, shift=-5)),
                                scale=SimpleNamespace(pretrain=exp._ft(40)))
-    ch = SimpleNamespace(scale=scale, seed=seed, seeds=tuple(seed + s for s in scale.seeds), runs=runs,
-                         denoiser=denoiser, texts={lang: captions(lang) for lang in ("en", "de", "fr", "cs")})
+    ch = SimpleNamespace(scale=scale, seed=seed, seeds=seeds, runs=runs, denoiser=denoiser,
+                         texts={lang: captions(lang) for lang in ("en", "de", "fr", "cs")})
     ch.main = lambda s=seed: runs["MARGE", s, scale.steps]
-    ch.finetuned = {init: SimpleNamespace(history=trainer_history(scale.finetune.max_steps, shift=i))
-                    for i, init in enumerate(("random init", exp.DENOISER, "MARGE"))}
+    ch.controls = {k: (SimpleNamespace(history=trainer_history(scale.steps, shift=-2 + k / 10)),
+                       exp._ft(scale.steps)) for k in seeds}  # each seed's run its own
+    ch.finetuned = {(init, k): SimpleNamespace(history=trainer_history(scale.finetune.max_steps, shift=i + k / 10))
+                    for i, init in enumerate(exp.FINETUNED_INITS) for k in seeds}
     ted = Corpus("ted", "test", ("de",), "en", [captions("de")], captions("en"))
-    ch.ted = {init: SimpleNamespace(corpora={"test": ted}) for init in ch.finetuned}
-    ch.table5 = [(run, SimpleNamespace(history=trainer_history(scale.table5_steps * len(run.train_languages), shift=i)),
-                  "marge") for i, run in enumerate(exp.table5_plan())] if scale.table5_steps else []
+    ch.ted = {init: SimpleNamespace(corpora={"test": ted}) for init in exp.FINETUNED_INITS}
+    ch.table5 = [(run, k, SimpleNamespace(history=trainer_history(scale.table5_steps * len(run.train_languages),
+                                                                  shift=i + k / 10)), "marge")
+                 for k in seeds for i, run in enumerate(exp.table5_plan())] if scale.table5_steps else []
     return ch
-
-
-def diagonal_counts(own):
-    """Per caption, a 4×4 neighbour-language count whose diagonal holds `own` of each row's 4 neighbours."""
-    rest = (4 - own) / 3
-    return np.tile(np.full((4, 4), rest) + np.eye(4) * (own - rest), (N_CAPTIONS, 1, 1)).reshape(N_CAPTIONS, 16)
 
 
 def stub_evidence(ch):
@@ -430,15 +395,19 @@ def stub_evidence(ch):
     garbage = ["zzz"] * N_CAPTIONS
     hits = lambda p: exp.p1_statistics({pair: np.array([int(i < p * N_CAPTIONS) for i in range(N_CAPTIONS)])
                                         for pair in [("de", "en"), ("en", "de")]})
+    share = lambda p: exp.rate_statistics(np.array([[int(j < p * 4) for j in range(4)]] * N_CAPTIONS))
+    table5 = {}
+    for run, k, _, _ in ch.table5:
+        table5.setdefault(exp.table5_system(run.init, run.setting), {})[k] = {x: ch.texts["en"] for x in langs}
     return exp.Evidence(zero_shot={(s, a, b): ch.texts[b] for s in ch.seeds for a, b in pairs},
-                        starts={s: garbage for s in ch.seeds}, ablations={n: ch.texts["en"] for n in exp.ABLATIONS},
-                        test_p1={exp.MARGE: {s: hits(0.75) for s in ch.seeds}, exp.DENOISER: {ch.seed: hits(0.25)},
+                        start={x: garbage for x in langs},
+                        supervised={(s, a, b): ch.texts[b] for s in ch.seeds for a, b in (("de", "en"), ("en", "de"))},
+                        ablations={(n, s): ch.texts["en"] for n in exp.ABLATIONS for s in ch.seeds},
+                        test_p1={exp.MARGE: {s: hits(0.75) for s in ch.seeds},
+                                 exp.CONTROL: {s: hits(0.5) for s in ch.seeds}, exp.DENOISER: {ch.seed: hits(0.25)},
                                  exp.START: {ch.seed: hits(0.25)}, exp.RANDOM_START: {ch.seed: hits(0.125)}},
-                        diagonal={exp.MARGE: {s: diagonal_counts(2) for s in ch.seeds},
-                                  exp.RANDOM_START: {ch.seed: diagonal_counts(2)}},
-                        ted={init: ch.texts["en"] for init in ch.finetuned},
-                        table5={exp.table5_system(r.init, r.setting): {x: ch.texts["en"] for x in langs}
-                                for r, _, _ in ch.table5},
+                        cross_share={exp.MARGE: {s: share(0.5) for s in ch.seeds}, exp.START: {ch.seed: share(0.25)}},
+                        ted={key: ch.texts["en"] for key in ch.finetuned}, table5=table5,
                         constant="a dog runs", ted_constant="a dog runs")
 
 
@@ -499,13 +468,14 @@ def test_every_trained_system_carries_every_stage_of_its_runs_keyed_by_real_seed
     assert all(tuple(s.name for s in r.stages) == pre for r in marge.runs)
     assert sorted(marge.measure(exp.DE_EN, exp.BLEU).scores) == [3, 4, 5]
     stages = lambda name: [tuple(s.name for s in r.stages) for r in systems[name].runs]
-    assert stages(exp.ted_system("MARGE")) == [(*pre, "TED fine-tuning")]
-    assert stages(exp.ted_system(exp.DENOISER)) == [("denoising pre-training", "TED fine-tuning")]
-    assert stages(exp.ted_system("random init")) == [("TED fine-tuning",)]
+    assert stages(exp.ted_system("MARGE")) == [(*pre, "TED fine-tuning")] * 3
+    assert stages(exp.ted_system(exp.CONTROL)) == [("denoising pre-training", "denoising continued on MARGE's "
+                                                    "documents", "TED fine-tuning")] * 3
+    assert stages(exp.ted_system("random init")) == [("TED fine-tuning",)] * 3
     assert stages(exp.table5_system("MARGE", "Train One")) == [
-        (*pre, "Table 5 fine-tuning (de)", "Table 5 fine-tuning (fr)", "Table 5 fine-tuning (cs)")]
-    assert stages(exp.RANDOM_INIT) == [("MARGE pre-training",)]  # the random-init ablation skips the denoiser
-    assert systems[exp.MARGE_FIRST].runs[0].seed == systems[exp.DENOISER].runs[0].seed == 3
+        (*pre, "Table 5 fine-tuning (de)", "Table 5 fine-tuning (fr)", "Table 5 fine-tuning (cs)")] * 3
+    assert stages(exp.RANDOM_INIT) == [("MARGE pre-training",)] * 3  # the random-init ablation skips the denoiser
+    assert [r.seed for r in systems[exp.CONTROL].runs] == [3, 4, 5] and systems[exp.DENOISER].runs[0].seed == 3
     for system in systems.values():
         for run in system.runs:
             assert run.source_tokens and run.target_tokens, (system.name, run.seed)  # every stage counted tokens
@@ -537,14 +507,15 @@ def test_fine_tuned_budgets_add_the_pretraining_stages_and_are_not_equal():
 def test_floors_are_floors_scored_like_the_systems_they_bound():
     ch = stub_chapter("small")
     systems = exp.chapter_systems(ch, stub_evidence(ch))
-    for name in (exp.COPY, exp.CONSTANT, exp.START, exp.START_FIRST, exp.RANDOM_START):
+    for name in (exp.COPY, exp.CONSTANT, exp.START, exp.RANDOM_START):
         assert systems[name].floor and not systems[name].runs, name
     for test, metric, system, floor in ((exp.DE_EN, exp.BLEU, exp.MARGE, exp.COPY),
-                                        (exp.BOTH_WAYS, exp.BLEU, exp.MARGE_INTO, exp.CONSTANT),
+                                        (exp.X_EN, exp.BLEU, exp.MARGE, exp.START),
+                                        (exp.DE_BOTH_WAYS, exp.RELATIVE_BLEU, exp.MARGE_INTO, exp.CONSTANT),
                                         (exp.TED_TEST, exp.BLEU, exp.ted_system("MARGE"), exp.COPY),
-                                        (exp.FLICKR, exp.TEST_P1, exp.MARGE_FIRST, exp.RANDOM_START),
+                                        (exp.FLICKR, exp.TEST_P1, exp.CONTROL, exp.RANDOM_START),
                                         (exp.VAL, exp.VAL_P1, exp.RANDOM_INIT, exp.RANDOM_START),
-                                        (exp.FLICKR, exp.DIAGONAL, exp.MARGE, exp.RANDOM_START)):
+                                        (exp.FLICKR, exp.CROSS_SHARE, exp.MARGE, exp.START)):
         ours, theirs = systems[system].measure(test, metric), systems[floor].measure(test, metric)
         assert ours.sentences == theirs.sentences > 0 and ours.signature == theirs.signature, (test, metric)
         assert set(ours.replicates) == set(ours.scores)  # every score carries its bootstrap replicates
@@ -594,15 +565,40 @@ def test_rates_and_their_statistics():
     assert exp.rate_score(stats.sum(0)) == pytest.approx(100 * 4 / 6)
 
 
-def test_diagonal_statistics_sum_to_the_neighbour_matrix(monkeypatch):
+def test_cross_share_statistics_count_other_language_neighbours_per_caption(monkeypatch):
     g = torch.nn.functional.normalize(torch.randn(12, 8, generator=torch.Generator().manual_seed(0)), dim=-1)
     order = ("en", "de", "fr")
     texts = {lang: [str(i)] * 4 for i, lang in enumerate(order)}  # WordTokenizer: language i's rows are [[10 + i]]
     monkeypatch.setattr(exp, "embed_documents", lambda model, rows, *a: g[4 * (rows[0][0] - 10):][:4])
-    stats = exp.diagonal_statistics(None, WordTokenizer(), texts, order, k=2)
+    stats = exp.cross_share_statistics(None, WordTokenizer(), texts, order, k=2)
     whole = exp.neighbour_language_matrix(g, [lang for lang in order for _ in range(4)], order, k=2)
-    assert stats.shape == (4, 9) and stats.sum(0).reshape(3, 3).tolist() == whole
-    assert exp.diagonal_score(stats.sum(0)) == 100 * np.mean([row[i] == max(row) for i, row in enumerate(whole)])
+    cross = sum(c for i, row in enumerate(whole) for j, c in enumerate(row) if i != j)
+    assert stats.shape == (4, 2) and stats[:, 1].tolist() == [6.0] * 4  # 2 neighbours of a caption in 3 languages
+    assert exp.rate_score(stats.sum(0)) == pytest.approx(100 * cross / (12 * 2))
+
+
+def test_relative_bleu_is_a_share_of_the_supervised_score_with_paired_replicates():
+    from msgcore.metrics import corpus_score
+
+    refs = captions("en")
+    ours, supervised = refs[:4] + ["zzz"] * 4, refs[:6] + ["zzz"] * 2
+    measure = exp.relative_bleu_measure({2: ours}, {2: supervised}, refs)
+    expected = 100 * corpus_score("bleu", ours, refs).score / corpus_score("bleu", supervised, refs).score
+    assert measure.scores[2] == pytest.approx(expected) and measure.sentences == N_CAPTIONS
+    assert len(measure.replicates[2]) == 200 and measure.signature.startswith("100 × BLEU / the supervised")
+
+
+def test_the_control_batch_budget_matches_a_target_token_rate():
+    from msgcore.batching import EncodedCorpus, example_lengths, token_batches
+
+    rng = np.random.default_rng(0)
+    targets = [[5] * int(n) for n in rng.integers(3, 30, size=400)]
+    train = EncodedCorpus([[t[: max(1, len(t) - 2)] for t in targets]], targets, 1, 2)
+    for goal in (60.0, 250.0, 900.0):
+        budget = exp.matched_max_tokens(train, goal, seed=3)
+        batches = token_batches(example_lengths(train), budget, shuffle=True, seed=3)
+        per_update = sum(len(t) + 1 for t in targets) / len(batches)
+        assert abs(per_update - goal) / goal < 0.05, (goal, budget, per_update)
 
 
 def test_a_mean_bleu_is_scored_per_caption_with_paired_replicates():
@@ -627,24 +623,38 @@ class PieceTok:
         return {"en": 1, "de": 2}[lang]
 
 
-def write_task2(folder, images: int):
+def write_multi30k(folder, images: int):
+    """Task 2 (5 English and 5 German descriptions per image) and task 1 (a caption per image in en/de/fr/cs, the
+    English one being task 2's first description, the others its translations; image 1's second German description
+    happens to be task 1's German caption), in their release layouts."""
     import gzip
 
-    (folder / "train_images.txt").write_text("".join(f"{i}.jpg\n" for i in range(images)))
+    task1, task2 = folder / "task1", folder / "task2"
+    task1.mkdir(), task2.mkdir()
+    (task2 / "train_images.txt").write_text("".join(f"{i}.jpg\n" for i in range(images)))
     for lang in ("en", "de"):
         for k in range(1, 6):
-            with gzip.open(folder / f"train.{k}.{lang}.gz", "wt") as f:
-                f.write("".join(f"{lang} picture {i} text {k}\n" for i in range(images)))
+            with gzip.open(task2 / f"train.{k}.{lang}.gz", "wt") as f:
+                f.write("".join(("de picture 1 caption\n" if (lang, k, i) == ("de", 2, 1) else
+                                 f"{lang} picture {i} text {k}\n") for i in range(images)))
+    for lang in ("en", "de", "fr", "cs"):
+        with gzip.open(task1 / f"train.{lang}.gz", "wt") as f:
+            f.write("".join((f"en picture {i} text 1\n" if lang == "en" else f"{lang} picture {i} caption\n")
+                            for i in range(images)))
+    return task2, task1
 
 
-def test_task2_documents_are_every_description_grouped_by_image(tmp_path):
-    write_task2(tmp_path, 4)
-    docs = exp.task2_documents(PieceTok(), images=range(1, 3), data_dir=tmp_path)
-    assert len(docs) == 2 * 2 * 5  # 2 images x 2 languages x 5 descriptions
-    assert sorted(set(docs.groups)) == [1, 2] and docs.groups.count(1) == 10
-    assert docs.langs.count("en") == docs.langs.count("de") == 10 and set(docs.prefixes) == {1, 2}
+def test_comparable_documents_hold_no_translation_of_one_another(tmp_path):
+    task2, task1 = write_multi30k(tmp_path, 4)
+    texts = exp.comparable_texts("train", range(1, 3), task2_dir=task2, task1_dir=task1)
+    assert sorted(texts) == ["cs", "de", "en", "fr"]
+    assert [t for _, t in texts["en"]] == [f"en picture {i} text {k}" for i in (1, 2) for k in range(2, 6)]
+    assert [t for i, t in texts["de"] if i == 1] == [f"de picture 1 text {k}" for k in (1, 3, 4, 5)]
+    assert texts["cs"] == [(1, "cs picture 1 caption")] and texts["fr"] == [(2, "fr picture 2 caption")]
+    docs = exp.documents_of(PieceTok(), {lang: texts[lang] for lang in ("en", "de")})
+    assert sorted(set(docs.groups)) == [1, 2] and docs.groups.count(2) == 9 and set(docs.prefixes) == {1, 2}
     with pytest.raises(MsgcoreError, match="images 3..4 are outside task 2's train split"):
-        exp.task2_documents(PieceTok(), images=range(3, 5), data_dir=tmp_path)
+        exp.comparable_texts("train", range(3, 5), task2_dir=task2, task1_dir=task1)
 
 
 def test_pooled_retrieval_ranks_only_within_a_pool(monkeypatch):
