@@ -58,29 +58,51 @@ def banned_ngram_tokens(tokens: Tensor, n: int) -> Tensor:
 
 
 def apply_constraints(logp: Tensor, tokens: Tensor, step: int, max_len: Tensor, eos_id: int,
-                      forbidden: Tensor, cfg: GenerationConfig) -> Tensor:
-    """Mask log-probs (N, V) for min/max length, special tokens (`forbidden`, ids on logp's device) and n-gram
-    repeats."""
-    eos_logp = logp[:, eos_id].clone()
-    logp.index_fill_(1, forbidden, float("-inf"))
+                      forbidden: Tensor, cfg: GenerationConfig, at_limit: bool | None = None) -> Tensor:
+    """Mask log-probs (N, V) in place for min/max length, special tokens (`forbidden`, ids on logp's device) and
+    n-gram repeats.
+
+    `at_limit` says whether some row reaches its limit `max_len` (N,) at this step, when the caller knows it without
+    asking the device (the searches keep the limits on the host too); None asks on a CPU, and masks elsewhere, where
+    asking would wait for the device. Most steps have no row at its limit, and then skip that masking.
+    """
+    if at_limit is None:
+        at_limit = logp.device.type != "cpu" or bool((max_len <= step + 1).any())
+    eos_logp = logp[:, eos_id].clone() if at_limit else None  # (N,) a row at its limit keeps the real log p(</s>)
+    if forbidden.numel():
+        logp.index_fill_(1, forbidden, float("-inf"))
     if step + 1 < cfg.min_len:
-        logp[:, eos_id] = float("-inf")
+        logp.select(1, eos_id).fill_(float("-inf"))
     if cfg.no_repeat_ngram > 0 and tokens.size(1) >= cfg.no_repeat_ngram:
-        matches, banned = banned_ngram_tokens(tokens, cfg.no_repeat_ngram)
-        rows = torch.arange(tokens.size(0), device=tokens.device).unsqueeze(1).expand_as(banned)
-        logp[rows[matches], banned[matches]] = float("-inf")
-    at_limit = step + 1 >= max_len  # (N,) the next token must be </s>
-    if logp.device.type == "cpu" and not at_limit.any():  # most steps have no row at its limit: a CPU skips two
-        return logp  # passes over (N, V); on a GPU the check would wait for the device, and the passes cost little
-    logp.masked_fill_(at_limit.unsqueeze(1), float("-inf"))
-    logp[:, eos_id] = torch.where(at_limit, eos_logp, logp[:, eos_id])  # keep its real log-prob: scores comparable
+        block_repeated_ngrams(logp, tokens, cfg.no_repeat_ngram)
+    if at_limit:
+        limit = max_len <= step + 1  # (N,) the next token must be </s>
+        logp.masked_fill_(limit.unsqueeze(1), float("-inf"))
+        eos_column = logp.select(1, eos_id)  # (N,) a view: the copy writes into logp
+        eos_column.copy_(torch.where(limit, eos_logp, eos_column))  # keep its real log-prob: scores comparable
     return logp
+
+
+def block_repeated_ngrams(logp: Tensor, tokens: Tensor, n: int) -> None:
+    """Set log p(w) = -inf in logp (N, V) wherever the histories `tokens` (N, L) + w would repeat an n-gram.
+
+    Without waiting for the device: the banned tokens go into a (N, V + 1) mask by one scatter, and the positions
+    that ban nothing write into the spare last column (picking the banned ones out by `matches` would be a
+    nonzero, which waits for the device).
+    """
+    matches, banned = banned_ngram_tokens(tokens, n)  # (N, L-n+1) each
+    V = logp.size(1)
+    columns = torch.where(matches, banned, V)  # (N, L-n+1): the banned token, or the spare column
+    mask = torch.zeros(logp.size(0), V + 1, dtype=torch.bool, device=logp.device).scatter_(1, columns, True)
+    logp.masked_fill_(mask[:, :V], float("-inf"))
 
 
 def step_log_probs(model, tokens: Tensor, memory: list[EncoderOut], cache, step: int) -> tuple[Tensor, list]:
     """Feed the last token of each row; return next-token log-probs (N, V) in fp32 and the new cache."""
     out = model.decode(tokens[:, -1:], memory, cache, start_pos=step)
-    logits = out.logits[:, -1].float()  # (N, V)
+    logits = out.logits[:, -1]  # (N, V)
+    if logits.dtype != torch.float32:  # e.g. bf16 under autocast (`.float()` of fp32 would still be an op)
+        logits = logits.float()
     if logits.requires_grad:
         return torch.log_softmax(logits, dim=-1), out.cache
     return torch.log_softmax(logits, dim=-1, out=logits), out.cache  # in place: no new (N, V) tensor per step
@@ -89,21 +111,27 @@ def step_log_probs(model, tokens: Tensor, memory: list[EncoderOut], cache, step:
 @torch.no_grad()
 def greedy_search(model, sources: list[Tensor], source_masks: list[Tensor], prefix_id: int, eos_id: int,
                   cfg: GenerationConfig, forbidden: list[int] = ()) -> list[list[int]]:
-    """Pick the most probable token at each step. Returns token ids without prefix and </s>."""
+    """Pick the most probable token at each step. Returns token ids without prefix and </s>.
+
+    Per step the host waits for the device once (whether every row has ended); the length limits are read to the
+    host once, so no step asks the device whether a row is at its limit.
+    """
     memory = model.encode(sources, source_masks)
     B, device = sources[0].size(0), sources[0].device
-    max_len = max_lengths(source_masks, cfg)
+    max_len = max_lengths(source_masks, cfg)  # (B,)
+    limits = max_len.tolist()  # the host's copy: the steps and the lowest limit (from which a row may be at it)
     tokens = torch.full((B, 1), prefix_id, dtype=torch.long, device=device)  # (B, 1)
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     forbidden_ids = torch.tensor(list(forbidden), dtype=torch.long, device=device)
-    cache = None
-    for step in range(int(max_len.max())):
+    cache, shortest = None, min(limits)
+    for step in range(max(limits)):
         logp, cache = step_log_probs(model, tokens, memory, cache, step)
-        logp = apply_constraints(logp, tokens, step, max_len, eos_id, forbidden_ids, cfg)
-        next_token = logp.argmax(-1).masked_fill(finished, eos_id)  # (B,)
+        logp = apply_constraints(logp, tokens, step, max_len, eos_id, forbidden_ids, cfg,
+                                 at_limit=step + 1 >= shortest)
+        next_token = logp.argmax(-1).masked_fill_(finished, eos_id)  # (B,) an ended row goes on with </s>
         tokens = torch.cat([tokens, next_token.unsqueeze(1)], dim=1)
-        finished |= next_token == eos_id
-        if finished.all():
+        finished = next_token == eos_id  # ended rows emit </s>: this is `finished | new </s>` in one op
+        if finished.all().item():  # `.item()`: `if tensor` would dispatch one op more (is_nonzero)
             break
     return [strip(row, eos_id) for row in tokens[:, 1:].tolist()]
 
@@ -116,45 +144,68 @@ def strip(ids: list[int], eos_id: int) -> list[int]:
 @torch.no_grad()
 def beam_search(model, sources: list[Tensor], source_masks: list[Tensor], prefix_id: int, eos_id: int,
                 cfg: GenerationConfig, forbidden: list[int] = ()) -> list[list[int]]:
-    """Batched beam search; returns the best finished hypothesis per sentence.
+    """Batched beam search; returns the best finished hypothesis per sentence (`beam_search_hypotheses`)."""
+    finished = beam_search_hypotheses(model, sources, source_masks, prefix_id, eos_id, cfg, forbidden)
+    return [max(f)[1] if f else [] for f in finished]
+
+
+@torch.no_grad()
+def beam_search_hypotheses(model, sources: list[Tensor], source_masks: list[Tensor], prefix_id: int, eos_id: int,
+                           cfg: GenerationConfig, forbidden: list[int] = ()) -> list[list[tuple[float, list[int]]]]:
+    """Batched beam search: each sentence's finished hypotheses, (score, token ids without prefix and </s>) in the
+    order they finished, at most k.
 
     A sentence with k finished hypotheses leaves the batch (as in fairseq's SequenceGenerator): its rows of the
     tokens, the cache and the memory are dropped at the reorder that every step does anyway, so the remaining steps
     compute only the sentences still searching.
+
+    On a GPU the host's time goes into dispatching operators, so a step dispatches few: the per-search constants
+    are made once, the length limits are read to the host once (no step asks the device whether a row is at its
+    limit), and the host waits for the device once per step (which top-k candidates end in </s>), plus once more
+    for their hypotheses when some do.
     """
     B, k, device = sources[0].size(0), cfg.beam_size, sources[0].device
     memory = model.encode(sources, source_masks)  # B rows: cross-attention lets a sentence's k hypotheses share one
     per_hypothesis = memory_rows(memory[0]) != B  # a memory repeated per hypothesis (the bench's ablation)
-    max_len = max_lengths(source_masks, cfg).repeat_interleave(k)  # (B*k,)
+    max_len = max_lengths(source_masks, cfg)  # (B,)
+    limits = max_len.tolist()  # the host's copy, per sentence of the input
+    max_len = max_len.repeat_interleave(k)  # (B*k,) per hypothesis row
     tokens = torch.full((B * k, 1), prefix_id, dtype=torch.long, device=device)
     scores = torch.full((B, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: keep one alive so candidates are distinct
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
     live = list(range(B))  # the sentence each row block of the batch belongs to
+    shortest = min(limits)  # the lowest limit of a live sentence
+    first_rows = torch.arange(B, device=device).unsqueeze(1) * k  # (B', 1) the first row of each live sentence
+    neg_inf = torch.tensor(float("-inf"), device=device)  # a tensor: comparing to a Python float costs a cast op
     forbidden_ids = torch.tensor(list(forbidden), dtype=torch.long, device=device)
     cache = None
-    for step in range(int(max_len.max())):
+    for step in range(max(limits)):
         logp, cache = step_log_probs(model, tokens, memory, cache, step)
-        logp = apply_constraints(logp, tokens, step, max_len, eos_id, forbidden_ids, cfg)
+        logp = apply_constraints(logp, tokens, step, max_len, eos_id, forbidden_ids, cfg, at_limit=step + 1 >= shortest)
         cand_scores, cand_beam, cand_token = best_candidates(scores, logp, 2 * k)  # (B', 2k) each
-        is_eos = (cand_token == eos_id) & torch.isfinite(cand_scores)
-        finish_hypotheses([finished[b] for b in live], tokens, cand_scores, cand_beam, is_eos, step, k,
-                          cfg.len_penalty)
-        keep = sentences_to_keep([len(finished[b]) >= k for b in live])  # None: every sentence is still searching
-        if keep == []:
-            break
-        scores, beam, token = next_beams(cand_scores, cand_beam, cand_token, is_eos, k)
-        blocks, memory_index = torch.arange(len(live), device=device), None
+        # scores are sums of log-probs, in [-inf, 0] or NaN: `> -inf` is isfinite in one op
+        is_eos = (cand_token == eos_id) & (cand_scores > neg_inf)  # (B', 2k)
+        keep = None  # the batch positions of the sentences still searching; None: no sentence leaves
+        if finish_hypotheses([finished[b] for b in live], tokens, cand_scores, cand_beam, is_eos, step, k,
+                             cfg.len_penalty):
+            keep = sentences_to_keep([len(finished[b]) >= k for b in live])
+            if keep == []:
+                break
+        scores, beam, token = next_beams(cand_scores, cand_beam, cand_token, is_eos, k)  # (B', k) each
+        rows = first_rows + beam  # (B', k) the rows of the hypotheses that the new beams extend
+        memory_index = None
         if keep is not None:  # drop the done sentences' rows
-            blocks = torch.tensor(keep, device=device)
-            scores, beam, token = scores[blocks], beam[blocks], token[blocks]
+            blocks = torch.tensor(keep, device=device)  # (B'',) their batch positions
+            scores, rows, token = scores[blocks], rows[blocks], token[blocks]
             max_len, live = max_len.view(-1, k)[blocks].view(-1), [live[i] for i in keep]
+            first_rows, shortest = first_rows[:len(live)], min(limits[b] for b in live)
             memory_index = hypothesis_rows(blocks, k) if per_hypothesis else blocks
             memory = [m.index_select(memory_index) for m in memory]
-        rows = (blocks.unsqueeze(1) * k + beam).view(-1)  # (B'*k,) the surviving hypotheses' rows
+        rows = rows.view(-1)  # (B'*k,)
         tokens = torch.cat([tokens[rows], token.view(-1, 1)], dim=1)
         cache = [layer.index_select(rows, memory_index) for layer in cache]  # cross K/V have the memory's rows
-    return [max(f)[1] if f else [] for f in finished]
+    return finished
 
 
 def sentences_to_keep(done: list[bool]) -> list[int] | None:
@@ -182,7 +233,7 @@ def best_candidates(scores: Tensor, logp: Tensor, n: int) -> tuple[Tensor, Tenso
     V = logp.size(-1)
     candidates = logp.add_(scores.view(-1, 1)).view(B, k * V)  # (B, k*V), in place: no new (B*k, V) tensor
     cand_scores, index = topk_in_chunks(candidates, n)  # (B, n)
-    return cand_scores, index // V, index % V
+    return cand_scores, torch.div(index, V, rounding_mode="floor"), index % V  # div: one op, `//` two
 
 
 def topk_in_chunks(x: Tensor, n: int, chunk: int = 64) -> tuple[Tensor, Tensor]:
@@ -209,26 +260,31 @@ def topk_in_chunks(x: Tensor, n: int, chunk: int = 64) -> tuple[Tensor, Tensor]:
 
 
 def finish_hypotheses(finished, tokens: Tensor, cand_scores: Tensor, cand_beam: Tensor, is_eos: Tensor,
-                      step: int, k: int, len_penalty: float) -> None:
-    """Move </s> candidates ranked within the top k into each sentence's finished list (one per batch position).
-    The candidates' hypotheses and scores come to the host in one copy each, not one per hypothesis."""
-    pairs = is_eos[:, :k].nonzero()  # (M, 2): (batch position, rank) of each </s> candidate within the top k
-    if pairs.numel() == 0:
-        return
-    b, rank = pairs.unbind(1)
-    hypotheses = tokens[b * k + cand_beam[b, rank], 1:].tolist()
-    scores = cand_scores[b, rank].tolist()
-    for (position, _), hypothesis, score in zip(pairs.tolist(), hypotheses, scores):
-        if len(finished[position]) >= k:
+                      step: int, k: int, len_penalty: float) -> bool:
+    """Move </s> candidates ranked within the top k into each sentence's finished list (one per batch position), and
+    say whether there were any.
+
+    Finding them is the step's one wait for the device. When there are some, the candidates' scores and source beams
+    (B, 2k) come to the host whole, one small copy each, and the hypotheses they end in one more copy."""
+    pairs = is_eos[:, :k].nonzero().tolist()  # [(batch position, rank)] of the </s> candidates within the top k
+    if not pairs:
+        return False
+    scores, beams = cand_scores.tolist(), cand_beam.tolist()
+    rows = [b * k + beams[b][rank] for b, rank in pairs]  # the hypotheses (rows of `tokens`) they extend
+    hypotheses = tokens[torch.tensor(rows, device=tokens.device)].tolist()  # with the prefix
+    for (b, rank), hypothesis in zip(pairs, hypotheses):
+        if len(finished[b]) >= k:
             continue  # this sentence is done; its remaining beams are ignored
-        finished[position].append((score / (step + 1) ** len_penalty, hypothesis))
+        finished[b].append((scores[b][rank] / (step + 1) ** len_penalty, hypothesis[1:]))
+    return True
 
 
 def next_beams(cand_scores: Tensor, cand_beam: Tensor, cand_token: Tensor, is_eos: Tensor,
                k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The k best candidates that do not end in </s>: (scores, source beam, token), each (B, k)."""
-    live_scores = cand_scores.masked_fill(is_eos, float("-inf"))
-    scores, order = live_scores.topk(k, dim=1)  # (B, k)
+    """The k best candidates that do not end in </s>: (scores, source beam, token), each (B, k).
+
+    cand_scores (B, 2k) is overwritten (the candidates ending in </s> get -inf)."""
+    scores, order = cand_scores.masked_fill_(is_eos, float("-inf")).topk(k, dim=1)  # (B, k)
     return scores, cand_beam.gather(1, order), cand_token.gather(1, order)
 
 

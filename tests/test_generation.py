@@ -235,3 +235,174 @@ def test_constraints_mask_forbidden_ids_and_leave_only_eos_at_the_length_limit()
     assert torch.equal(out[1, 2:], expected[1, 2:])  # a row below its limit keeps every other log-prob
     for row in (0, 2):  # at the limit: only </s>, with its own log-prob (scores stay comparable)
         assert out[row, 3] == expected[row, 3] and torch.isinf(out[row, [0, 1, 2, 4, 5]]).all()
+
+
+# ---- the searches pinned to the reference implementation (msgcore.generation as it was before the per-step op
+# count was cut): every finished hypothesis, its score and the order they finished in -----------------------------
+
+def reference_constraints(logp, tokens, step, max_len, eos_id, forbidden, cfg):
+    """apply_constraints as it was on a GPU (which masks for the length limit at every step; a CPU skipped the steps
+    with no row at its limit, for the same log-probs): the reference's masking of log-probs (N, V)."""
+    from msgcore.generation import banned_ngram_tokens
+
+    eos_logp = logp[:, eos_id].clone()
+    logp.index_fill_(1, forbidden, float("-inf"))
+    if step + 1 < cfg.min_len:
+        logp[:, eos_id] = float("-inf")
+    if cfg.no_repeat_ngram > 0 and tokens.size(1) >= cfg.no_repeat_ngram:
+        matches, banned = banned_ngram_tokens(tokens, cfg.no_repeat_ngram)
+        rows = torch.arange(tokens.size(0)).unsqueeze(1).expand_as(banned)
+        logp[rows[matches], banned[matches]] = float("-inf")
+    at_limit = step + 1 >= max_len
+    logp.masked_fill_(at_limit.unsqueeze(1), float("-inf"))
+    logp[:, eos_id] = torch.where(at_limit, eos_logp, logp[:, eos_id])
+    return logp
+
+
+def reference_step(model, tokens, memory, cache, step):
+    out = model.decode(tokens[:, -1:], memory, cache, start_pos=step)
+    return torch.log_softmax(out.logits[:, -1].float(), dim=-1), out.cache
+
+
+@torch.no_grad()
+def reference_beam_search(model, sources, source_masks, cfg, forbidden=()):
+    """beam_search as it was, on a CPU: each sentence's finished (score, hypothesis) pairs, in finishing order."""
+    from msgcore.generation import hypothesis_rows, max_lengths, memory_rows, topk_in_chunks
+
+    B, k = sources[0].size(0), cfg.beam_size
+    memory = model.encode(sources, source_masks)
+    per_hypothesis = memory_rows(memory[0]) != B
+    max_len = max_lengths(source_masks, cfg).repeat_interleave(k)
+    tokens = torch.full((B * k, 1), BOS, dtype=torch.long)
+    scores = torch.full((B, k), float("-inf"))
+    scores[:, 0] = 0.0
+    finished = [[] for _ in range(B)]
+    live = list(range(B))
+    forbidden_ids = torch.tensor(list(forbidden), dtype=torch.long)
+    cache = None
+    for step in range(int(max_len.max())):
+        logp, cache = reference_step(model, tokens, memory, cache, step)
+        logp = reference_constraints(logp, tokens, step, max_len, EOS, forbidden_ids, cfg)
+        V = logp.size(-1)
+        cand_scores, index = topk_in_chunks(logp.add_(scores.view(-1, 1)).view(len(live), k * V), 2 * k)
+        cand_beam, cand_token = index // V, index % V
+        is_eos = (cand_token == EOS) & torch.isfinite(cand_scores)
+        pairs = is_eos[:, :k].nonzero()
+        if pairs.numel():
+            b, rank = pairs.unbind(1)
+            hypotheses = tokens[b * k + cand_beam[b, rank], 1:].tolist()
+            for (position, _), hypothesis, score in zip(pairs.tolist(), hypotheses, cand_scores[b, rank].tolist()):
+                if len(finished[live[position]]) < k:
+                    finished[live[position]].append((score / (step + 1) ** cfg.len_penalty, hypothesis))
+        done = [len(finished[b]) >= k for b in live]
+        keep = [i for i, d in enumerate(done) if not d] if any(done) else None
+        if keep == []:
+            break
+        scores, order = cand_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)
+        beam, token = cand_beam.gather(1, order), cand_token.gather(1, order)
+        blocks, memory_index = torch.arange(len(live)), None
+        if keep is not None:
+            blocks = torch.tensor(keep)
+            scores, beam, token = scores[blocks], beam[blocks], token[blocks]
+            max_len, live = max_len.view(-1, k)[blocks].view(-1), [live[i] for i in keep]
+            memory_index = hypothesis_rows(blocks, k) if per_hypothesis else blocks
+            memory = [m.index_select(memory_index) for m in memory]
+        rows = (blocks.unsqueeze(1) * k + beam).view(-1)
+        tokens = torch.cat([tokens[rows], token.view(-1, 1)], dim=1)
+        cache = [layer.index_select(rows, memory_index) for layer in cache]
+    return finished
+
+
+@torch.no_grad()
+def reference_greedy_search(model, sources, source_masks, cfg, forbidden=()):
+    """greedy_search as it was, on a CPU."""
+    from msgcore.generation import max_lengths, strip
+
+    memory = model.encode(sources, source_masks)
+    max_len = max_lengths(source_masks, cfg)
+    tokens = torch.full((sources[0].size(0), 1), BOS, dtype=torch.long)
+    finished = torch.zeros(sources[0].size(0), dtype=torch.bool)
+    forbidden_ids = torch.tensor(list(forbidden), dtype=torch.long)
+    cache = None
+    for step in range(int(max_len.max())):
+        logp, cache = reference_step(model, tokens, memory, cache, step)
+        logp = reference_constraints(logp, tokens, step, max_len, EOS, forbidden_ids, cfg)
+        next_token = logp.argmax(-1).masked_fill(finished, EOS)
+        tokens = torch.cat([tokens, next_token.unsqueeze(1)], dim=1)
+        finished |= next_token == EOS
+        if finished.all():
+            break
+    return [strip(row, EOS) for row in tokens[:, 1:].tolist()]
+
+
+PINNED_SETTINGS = [  # (vocabulary, GenerationConfig fields, forbidden ids)
+    (12, dict(beam_size=1, max_len_a=1.0, max_len_b=4), [0, 1, 2]),
+    (12, dict(beam_size=4, max_len_a=1.0, max_len_b=4), [0, 1, 2]),
+    (12, dict(beam_size=5, max_len_a=1.0, max_len_b=5), []),
+    (12, dict(beam_size=5, max_len_a=1.0, max_len_b=6, min_len=3, len_penalty=0.6), [0, 1, 2]),
+    (8, dict(beam_size=4, max_len_a=0.0, max_len_b=12, no_repeat_ngram=2, len_penalty=1.3), [0, 1, 2]),
+    (12, dict(beam_size=5, max_len_a=1.5, max_len_b=3, no_repeat_ngram=3, min_len=2, len_penalty=0.0), [0, 1]),
+    (12, dict(beam_size=4, max_len_a=1.0, max_len_b=2), [0, 1, 2, EOS]),  # </s> only at the length limit
+    (600, dict(beam_size=4, max_len_a=1.0, max_len_b=3, min_len=2), [0, 1, 2]),  # wide enough for topk_in_chunks
+]
+
+
+def pinned_case(vocab: int, fields: dict, seed: int):
+    """A seeded tiny model and 6 sources of lengths 1..6 (so that sentences reach their limits at other steps)."""
+    model = tiny_model(vocab=vocab)
+    torch.manual_seed(seed)
+    src = torch.randint(4, vocab, (6, 6))
+    mask = torch.arange(6).unsqueeze(0) < torch.tensor([6, 1, 4, 2, 6, 3]).unsqueeze(1)
+    return model, [src.masked_fill(~mask, 0)], [mask], GenerationConfig(**fields)
+
+
+def assert_same_hypotheses(got, expected, where):
+    """The same hypotheses in the same order, with scores equal to 1e-5."""
+    assert [[h for _, h in f] for f in got] == [[h for _, h in f] for f in expected], where
+    for f, g in zip(got, expected):
+        for (score, _), (reference, _) in zip(f, g):
+            assert abs(score - reference) <= 1e-5 * max(1.0, abs(reference)), where
+
+
+def test_beam_search_equals_the_reference_implementation_hypotheses_and_scores():
+    from msgcore.generation import beam_search_hypotheses
+
+    for vocab, fields, forbidden in PINNED_SETTINGS:
+        for seed in range(3):
+            model, srcs, masks, cfg = pinned_case(vocab, fields, seed)
+            expected = reference_beam_search(model, srcs, masks, cfg, forbidden)
+            got = beam_search_hypotheses(model, srcs, masks, BOS, EOS, cfg, forbidden)
+            assert_same_hypotheses(got, expected, (vocab, fields, forbidden, seed))
+            assert beam_search(model, srcs, masks, BOS, EOS, cfg, forbidden) == [max(f)[1] if f else []
+                                                                               for f in expected]
+            assert all(len(f) == cfg.beam_size for f in expected)  # every sentence did finish k hypotheses
+
+
+def test_beam_search_of_other_searchers_equals_the_reference_implementation():
+    """A memory repeated per hypothesis, an ensemble, done sentences kept in the batch (the bench's ablations)."""
+    from msgcore import generation
+    from msgcore.bench import PerHypothesisMemory, keep_done_sentences
+    from msgcore.generation import Ensemble, beam_search_hypotheses
+
+    model, srcs, masks, cfg = pinned_case(12, dict(beam_size=3, max_len_a=1.0, max_len_b=3, no_repeat_ngram=2), 0)
+    torch.manual_seed(2)
+    other = Transformer(preset("tiny", vocab_size=12, d_model=32, d_ff=64, dropout=0.0)).eval()
+    for searcher in (PerHypothesisMemory(model, 3), Ensemble([model, other], mode="prob")):
+        expected = reference_beam_search(searcher, srcs, masks, cfg, [0, 1, 2])
+        assert_same_hypotheses(beam_search_hypotheses(searcher, srcs, masks, BOS, EOS, cfg, [0, 1, 2]), expected,
+                               type(searcher).__name__)
+    drop = generation.sentences_to_keep
+    try:
+        generation.sentences_to_keep = keep_done_sentences
+        got = beam_search_hypotheses(model, srcs, masks, BOS, EOS, cfg, [0, 1, 2])
+    finally:
+        generation.sentences_to_keep = drop
+    assert_same_hypotheses(got, reference_beam_search(model, srcs, masks, cfg, [0, 1, 2]), "done sentences kept")
+
+
+def test_greedy_search_equals_the_reference_implementation():
+    for vocab, fields, forbidden in PINNED_SETTINGS:
+        for seed in range(3):
+            model, srcs, masks, cfg = pinned_case(vocab, {**fields, "beam_size": 1}, seed)
+            expected = reference_greedy_search(model, srcs, masks, cfg, forbidden)
+            assert greedy_search(model, srcs, masks, BOS, EOS, cfg, forbidden) == expected, (vocab, fields, seed)
