@@ -6,9 +6,10 @@
     python -m msgcore.experiments ch05 --scale small --part 1/3   # the second of 3 processes: its share of the seeds
 
 A chapter's notebook asks the cache for the same runs, so it then executes in minutes (on a CPU too). With
-`--part i/N`, N processes started together share a chapter's runs: chapters 0 and 5 by seed (process i takes every
-N-th seed, process 0 the runs of one seed only, such as ablations), chapters 1 and 4 by run (process i takes every N-th
-of the chapter's `share_jobs`, then process 0 makes the full pass). A run that several need (a teacher, a
+`--part i/N`, N processes started together share a chapter's runs: chapters 0, 3 and 5 by seed (process i takes
+every N-th seed, process 0 the runs of one seed only, such as ablations; chapter 3 a seed's whole chain, then process
+0 makes the full pass), chapters 1, 2 and 4 by run (process i takes every N-th of the chapter's `share_jobs`, then
+process 0 makes the full pass). A run that several need (a teacher, a
 distillation, a stage-1 model) is trained by the first to ask and awaited by the others (msgcore.runcache's lock).
 """
 from __future__ import annotations
