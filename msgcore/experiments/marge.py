@@ -52,12 +52,6 @@ class Documents:
         return Documents([self.pieces[i] for i in indices], [self.langs[i] for i in indices],
                          [self.groups[i] for i in indices], [self.prefixes[i] for i in indices], self.vocab)
 
-    @staticmethod
-    def join(*parts: "Documents") -> "Documents":
-        """One corpus of several; the parts' groups must not collide (related documents share a group)."""
-        return Documents([x for p in parts for x in p.pieces], [x for p in parts for x in p.langs],
-                         [x for p in parts for x in p.groups], [x for p in parts for x in p.prefixes])
-
 
 def columns_of(corpus: Corpus) -> list[tuple[str, list[str]]]:
     """(language, sentences) for every column of an aligned corpus, sources then target."""
@@ -271,10 +265,7 @@ def resume_pretraining(path: Path, model, optimizer, scheduler, constructor: Bat
     return checkpoint["state"]
 
 
-# ---- the chapter: scales, runs, evaluations (Lewis et al. 2020, §3, §4; notes part B.4) -----------------
-
-LANGUAGES = ("en", "de", "fr", "cs")  # Multi30k's four caption languages, in the chapter's table order
-
+# ---- the chapter: scales, runs, evaluations (Lewis et al. 2020, §3, §4) ---------------------------------
 
 @dataclass
 class MargeScale:
@@ -1478,19 +1469,6 @@ def supervised_outputs(ch: MargeChapter, runs, data) -> dict[tuple[int, str, str
             out[seed, a, b] = translate_encoded(run.model, data[direction].tokenizer, encoded, ch.device,
                                                 GenerationConfig(beam_size=ch.scale.beam_size))
     return out
-
-
-def untrained_start(ch: MargeChapter, seed: int):
-    """A main run's starting point, never trained: the seeded random MARGE, warm-started from the denoiser when the
-    scale does so, exactly as `train_marge` builds it before its first update."""
-    from msgcore.models.marge import MargeTransformer
-
-    torch.manual_seed(seed)
-    model = MargeTransformer(marge_config(ch.tokenizer, ch.scale,
-                                          ch.denoiser.model.cfg if ch.scale.from_denoiser else None))
-    if ch.scale.from_denoiser:
-        warm_start(model, ch.denoiser.model)
-    return model.to(ch.device).eval()
 
 
 def warm_start_summary(ch: MargeChapter) -> str:
