@@ -342,16 +342,23 @@ def test_every_better_claim_scales_its_smallest_effect_by_the_papers_own_baselin
     assert claims["T3-two-sources"].paper_baseline == 34.8 and claims["T4-TED"].paper_baseline == 27.8
 
 
-def test_claims_are_the_same_declared_before_and_after_the_runs():
-    """The scoreboard re-declares the claims only to price the unrun ones at the measured throughput."""
+def test_claims_are_the_same_declared_before_and_after_the_runs(monkeypatch):
+    """The scoreboard re-declares the claims only to price the unrun ones at the measured throughput: at `small`
+    every claim is run; a scale without the TED systems prices the TED claim alone."""
     from dataclasses import replace
 
+    from msgcore.experiments import trice
     from msgcore.experiments.trice import declared_claims
 
     notes = (("Transformer De→En (chapter 0)", "a larger model, trained longer"),)
     before, after = declared_claims("small", coherence_notes=notes), declared_claims("small", 2.0, notes)
     assert [replace(c, cost="") for c in before] == [replace(c, cost="") for c in after]
+    assert not [c.id for c in before if c.cost]
+    monkeypatch.setitem(trice.TRICE_SCALES, "small", replace(trice.TRICE_SCALES["small"], ted_systems=False))
+    before, after = declared_claims("small", coherence_notes=notes), declared_claims("small", 2.0, notes)
+    assert [replace(c, cost="") for c in before] == [replace(c, cost="") for c in after]
     assert {c.id for c in before if c.cost} == {"T4-TED"}
+    assert "CPU-hours" in next(c.cost for c in after if c.id == "T4-TED")  # priced at the measured rate
 
 
 def test_a_coherence_note_explains_chapter_0_by_name_and_this_chapters_single_source_rows_stay_checked(

@@ -157,6 +157,30 @@ def test_every_sentence_is_noised_once_per_draw_and_dev_reconstructs_a_fixed_noi
     assert denoising_data(tasks, DENOISER).encoded["val"].sources == val.sources  # the same draw every time
 
 
+def test_noised_text_data_draws_from_its_first_seed_and_keeps_one_fixed_dev_draw(tmp_path):
+    """The helper behind the denoiser's stage 0 and chapter 3's continued-denoising control: another first seed
+    gives other training draws of the same text, the same seeds give the same data, the dev set does not move."""
+    from dataclasses import replace
+
+    from msgcore.foundations.denoiser import noised_text_data
+
+    data = toy_data(tmp_path)
+    tok, train_corpus, val_corpus = data.tokenizer, data.corpora["train"], data.corpora["val"]
+    train_text = {"xa": train_corpus.sources[0][:3], "xt": train_corpus.target[:1]}
+    heldout = {"xa": val_corpus.sources[0][:1], "xt": val_corpus.target[:2]}
+    scale = replace(DENOISER, noise_draws=2, pretrain_copy_ratio=0.0)
+    first = noised_text_data(train_text, heldout, tok, scale, first_seed=0, dev_seed=-1, name="text")
+    again = noised_text_data(train_text, heldout, tok, scale, first_seed=0, dev_seed=-1, name="text")
+    other = noised_text_data(train_text, heldout, tok, scale, first_seed=1000, dev_seed=-1, name="text")
+    train = first.encoded["train"]
+    assert len(train.target) == 2 * 4 and train.target[:4] == train.target[4:]  # each sentence once per draw
+    assert train.sources == again.encoded["train"].sources and train.target == other.encoded["train"].target
+    assert train.sources != other.encoded["train"].sources  # the control's draws are not the denoiser's
+    assert first.encoded["val"].sources == other.encoded["val"].sources  # one fixed dev draw
+    assert first.corpora["val"].target == heldout["xa"] + heldout["xt"]
+    assert first.corpora["val"].name == "text" and not first.synthetic
+
+
 def test_trices_record_holds_every_stage_from_the_whole_logs_and_a_reused_run_gives_the_same(tmp_path):
     """The protocol's record of a TRICE run: the denoiser's pre-training, stage 1 and stage 2, each from its run's
     whole log (dev curve, dev noise, tokens trained on); the run cache hands back the same log when it reuses a run

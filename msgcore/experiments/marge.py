@@ -23,9 +23,9 @@ import torch
 from msgcore import dryrun, verdicts as V
 from msgcore.batching import EncodedCorpus
 from msgcore.data import Corpus, load_doc_level, load_multi30k, load_multi30k_task2, synthetic_corpus
-from msgcore.foundations.denoiser import Denoiser, copy_model, derived_config, pretrained_denoiser
+from msgcore.foundations.denoiser import (Denoiser, copy_model, derived_config, noised_text_data,
+                                          pretrained_denoiser)
 from msgcore.metrics import corpus_score, paired_standard_error, sentence_statistics, statistics_scorer
-from msgcore.noising import denoising_corpus
 from msgcore.recipes import CPU_BOOK_SETTING, TranslationData, train_model
 from msgcore.retrieval import BatchConstructor, RetrievalConfig, embed_documents, link_precision
 from msgcore.trainer import Trainer, TrainConfig, numerics
@@ -722,22 +722,14 @@ def pretraining_runs(ch: MargeChapter, seed: int) -> None:
 # ---- the control: the denoiser trained on, on MARGE's documents, for MARGE's budget ---------------------------
 
 def control_data(ch: MargeChapter, seed: int) -> TranslationData:
-    """Denoising (mBART's objective, as the denoiser's own stage 0: `msgcore.foundations.denoiser.denoising_data`)
-    on the text of MARGE's pre-training documents, each noised `noise_draws` times with the seed's draws; its dev
-    set is the first `control_val_images` val images' documents, noised once (a fixed draw) -> clean."""
+    """Denoising, as the denoiser's own stage 0 (`noised_text_data`), on the text of MARGE's pre-training documents,
+    with the seed's own draws; its dev set is the first `control_val_images` val images' documents."""
     scale = ch.denoiser.scale
     text = {lang: [t for _, t in rows] for lang, rows in ch.corpus.items()}
-    draws = [denoising_corpus(text, ch.tokenizer, seed=1000 + seed * scale.noise_draws + draw,
-                              copy_ratio=scale.pretrain_copy_ratio) for draw in range(scale.noise_draws)]
-    train = EncodedCorpus([[ids for d in draws for ids in d.sources[0]]], [ids for d in draws for ids in d.target],
-                          ch.tokenizer.bos_id, ch.tokenizer.eos_id)
     heldout = {lang: [t for _, t in rows] for lang, rows in
                comparable_texts("val", first_images("val", ch.scale.control_val_images)).items()}
-    refs = [s for sentences in heldout.values() for s, ids in zip(sentences, ch.tokenizer.encode_batch(sentences))
-            if ids]  # the sentences denoising_corpus keeps, in its order
-    val = Corpus("comparable documents", "val", ("any",), "any", [refs], refs)
-    noised = denoising_corpus(heldout, ch.tokenizer, seed=-1 - seed)
-    return TranslationData(ch.tokenizer, {"val": val}, {"train": train, "val": noised})
+    return noised_text_data(text, heldout, ch.tokenizer, scale, first_seed=1000 + seed * scale.noise_draws,
+                            dev_seed=-1 - seed, name="comparable documents")
 
 
 def matched_max_tokens(train: EncodedCorpus, goal: float, seed: int) -> int:

@@ -183,10 +183,10 @@ POSTECH_SCALES: dict[str, PostechScale] = {
         "small", _steps(150, lr=5e-4, **CPU_BOOK_SETTING), _steps(60, lr=3e-4, **CPU_BOOK_SETTING),
         synthetic_per_source=6000, dev_examples=300,
         test_examples=1000,
-        notes="2 CPU threads, bf16 autocast and the math attention kernel: the shared `tiny` denoiser (d=128, 2+2 layers) initialises every system; 150 generic "
-              "updates per architecture, 60 fine-tuning updates per teacher-forcing ratio (alpha in {1.0, 0.8}), "
-              "each validated 4 times on 100 dev triplets, greedy decoding; Table 2 on the first 300 dev triplets, "
-              "Table 4 on the whole test split."),
+        notes="2 CPU threads, bf16 autocast and the math attention kernel: the shared `small` denoiser (the `small` "
+              "preset) initialises every system; 150 generic updates per architecture, 60 fine-tuning updates per "
+              "teacher-forcing ratio (alpha in {1.0, 0.8}), each validated 4 times on 100 dev triplets, greedy "
+              "decoding; Table 2 on the first 300 dev triplets, Table 4 on the whole test split."),
     "full": PostechScale(
         "full", _steps(4000, validations=16, patience=4, max_tokens=4096, lr=3e-4, valid_max_sentences=300),
         _steps(1000, validations=8, patience=3, max_tokens=4096, lr=1e-4, valid_max_sentences=300),

@@ -96,18 +96,18 @@ TRICE_SCALES: dict[str, TriceScale] = {
         beam_size=1, analysis_examples=12, budget_total=8, budget_splits=(0, 4),
         notes="CI only: checks that the chapter runs end to end; its numbers mean nothing."),
     "small": TriceScale(
-        "small", finetune=_ft(300, every=100, patience=1, lr=5e-4, valid_max_sentences=100, **CPU_BOOK_SETTING),
-        stage1=_ft(150, every=75, patience=1, lr=5e-4, valid_max_sentences=100, **CPU_BOOK_SETTING),
-        stage2=_ft(250, every=125, patience=1, lr=5e-4, valid_max_sentences=100, **CPU_BOOK_SETTING),
-        analysis=_ft(100, lr=5e-4, valid_max_sentences=100, **CPU_BOOK_SETTING),
-        beam_size=4, analysis_examples=300, ted_systems=False, seeds=(0, 1, 2),
-        budget_total=160, budget_splits=(0, 60),
-        notes="2 CPU threads, bf16 autocast and the math attention kernel: the `tiny` preset (2M parameters), at "
-              "most 2,400 denoising updates (the checkpoint that reconstructs held-out text best is kept), then every "
-              "finetuning run early-stopped on dev BLEU within its own cap (300 updates; TRICE 150 + 250); the "
-              "Tables 5-7 variants get 100 stage-2 updates each, beside an N_f = 1 reference on the same budget; "
-              "beam 4, as the paper. Table 4's TED systems are not trained at this scale (the budget goes to the main "
-              "comparison; the TED denoiser gate is still measured)."),
+        "small", finetune=_ft(1500, every=150, patience=2, lr=5e-4, valid_max_sentences=0, **CPU_BOOK_SETTING),
+        stage1=_ft(1500, every=150, patience=2, lr=5e-4, valid_max_sentences=0, **CPU_BOOK_SETTING),
+        stage2=_ft(1500, every=150, patience=2, lr=5e-4, valid_max_sentences=0, **CPU_BOOK_SETTING),
+        analysis=_ft(600, every=100, patience=2, lr=5e-4, valid_max_sentences=0, **CPU_BOOK_SETTING),
+        beam_size=4, analysis_examples=300, seeds=(0, 1, 2),
+        budget_total=600, budget_splits=(0, 200),
+        notes="2 CPU threads, bf16 autocast and the math attention kernel: the shared `small` denoiser (its own "
+              "line of the table: the `small` preset, the checkpoint that reconstructs held-out text best), then "
+              "every finetuning stage early-stopped on its whole dev set (patience 2, within its own cap: 1,500 "
+              "updates; TRICE's stage 1 and stage 2 each), Table 4's TED systems included; the Tables 5-7 variants "
+              "get at most 600 stage-2 updates each, beside an N_f = 1 reference on the same budget; beam 4, as "
+              "the paper."),
     "full": TriceScale(
         "full", finetune=_ft(8000, every=500, patience=4, max_tokens=4096, lr=2e-4, valid_max_sentences=0),
         stage1=_ft(8000, every=500, patience=4, max_tokens=4096, lr=2e-4, valid_max_sentences=0),

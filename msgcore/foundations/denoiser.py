@@ -284,21 +284,30 @@ def split_heldout(texts: dict[str, list[str]], n: int) -> tuple[dict[str, list[s
             {lang: s[len(s) - cut[lang]:] for lang, s in texts.items()})
 
 
-def denoising_data(tasks: Tasks, scale: DenoiserScale, seed: int = 0) -> TranslationData:
-    """Stage 0's data: noised -> clean on the monolingual text, each sentence noised `scale.noise_draws` times; its
-    dev set is noised -> clean on held-out sentences (one draw), so that dev BLEU is the reconstruction BLEU that
-    picks the best checkpoint and levels off when denoising has converged. Clean held-out text is the gate's
-    (`reconstruction_bleu`)."""
-    train_text, heldout = split_heldout(tasks.monolingual, scale.heldout_sentences)
-    draws = [denoising_corpus(train_text, tasks.tokenizer, seed=seed * scale.noise_draws + draw,
-                              copy_ratio=scale.pretrain_copy_ratio) for draw in range(scale.noise_draws)]
+def noised_text_data(train_text: dict[str, list[str]], heldout: dict[str, list[str]], tokenizer: Tokenizer,
+                     scale: DenoiserScale, first_seed: int, dev_seed: int, name: str,
+                     synthetic: bool = False) -> TranslationData:
+    """Denoising data (mBART's objective, msgcore.noising): noised -> clean on `train_text`, each sentence noised
+    `scale.noise_draws` times (draw k with seed `first_seed + k`); its dev set is noised -> clean on `heldout`, one
+    fixed draw (`dev_seed`, never a training one), scored against the clean sentences (a corpus named `name`)."""
+    draws = [denoising_corpus(train_text, tokenizer, seed=first_seed + draw, copy_ratio=scale.pretrain_copy_ratio)
+             for draw in range(scale.noise_draws)]
     train = EncodedCorpus([[ids for d in draws for ids in d.sources[0]]], [ids for d in draws for ids in d.target],
-                          tasks.tokenizer.bos_id, tasks.tokenizer.eos_id)
-    refs = [s for sentences in heldout.values() for s, ids in zip(sentences, tasks.tokenizer.encode_batch(sentences))
+                          tokenizer.bos_id, tokenizer.eos_id)
+    refs = [s for sentences in heldout.values() for s, ids in zip(sentences, tokenizer.encode_batch(sentences))
             if ids]  # the sentences denoising_corpus keeps, in its order
-    val = Corpus("monolingual", "val", ("any",), "any", [refs], refs)
-    noised = denoising_corpus(heldout, tasks.tokenizer, seed=-1 - seed)  # a fixed draw, never a training one
-    return TranslationData(tasks.tokenizer, {"val": val}, {"train": train, "val": noised}, synthetic=tasks.synthetic)
+    val = Corpus(name, "val", ("any",), "any", [refs], refs)
+    noised = denoising_corpus(heldout, tokenizer, seed=dev_seed)
+    return TranslationData(tokenizer, {"val": val}, {"train": train, "val": noised}, synthetic=synthetic)
+
+
+def denoising_data(tasks: Tasks, scale: DenoiserScale, seed: int = 0) -> TranslationData:
+    """Stage 0's data: noised -> clean on the monolingual text; its dev set is held-out sentences, so that dev BLEU
+    is the reconstruction BLEU that picks the best checkpoint and levels off when denoising has converged. Clean
+    held-out text is the gate's (`reconstruction_bleu`)."""
+    train_text, heldout = split_heldout(tasks.monolingual, scale.heldout_sentences)
+    return noised_text_data(train_text, heldout, tasks.tokenizer, scale, first_seed=seed * scale.noise_draws,
+                            dev_seed=-1 - seed, name="monolingual", synthetic=tasks.synthetic)
 
 
 def pretrain(tasks: Tasks, scale: DenoiserScale, device: torch.device, out_dir: Path, seed: int = 0) -> RunResult:
