@@ -48,7 +48,7 @@ def _mixrep(name: str) -> tuple:
 def _marge(name: str) -> tuple:
     from msgcore.experiments.marge import MARGE_SCALES
     from msgcore.foundations.denoiser import DENOISER_SCALES
-    return MARGE_SCALES[name], DENOISER_SCALES[name]
+    return MARGE_SCALES[name], DENOISER_SCALES[name], *_baseline(name)  # chapter 0's runs: the supervised reference
 
 
 def _postech(name: str) -> tuple:
