@@ -12,7 +12,7 @@ Every score is sacreBLEU's (`msgcore.metrics.corpus_score`), cased and detokeniz
 """
 from __future__ import annotations
 
-from msgcore.metrics import corpus_score
+from msgcore.metrics import corpus_score, make_metric
 from msgcore.utils import MsgcoreError
 
 LOWER_IS_BETTER = {"ter"}
@@ -35,5 +35,6 @@ def best_constant(dev_references: list[str], test_references: list[str], metric:
     sign = -1 if metric in LOWER_IS_BETTER else 1
     dev = list(dev_references)
     pool = list(dict.fromkeys(dev[:candidates]))  # unique, in corpus order: deterministic
-    best = max(pool, key=lambda text: sign * corpus_score(metric, [text] * len(dev), dev, **options).score)
+    scorer = make_metric(metric, references=[dev], **options)  # the dev references' statistics, extracted once
+    best = max(pool, key=lambda text: sign * scorer.corpus_score([text] * len(dev), None).score)
     return best, corpus_score(metric, [best] * len(test_references), list(test_references), **options).score

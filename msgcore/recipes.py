@@ -122,6 +122,11 @@ class RunResult:
     out_dir: Path  # where log.json and the checkpoints are (the run cache's entry, when the cache is on)
     reused: bool = False  # True when the run came from the run cache instead of being trained now
 
+    @property
+    def updates(self) -> int:
+        """The updates it trained (fewer than its cap when early stopping ended it)."""
+        return max((row["step"] for row in self.history), default=0)
+
 
 def train_translation(data: TranslationData, scale: Scale, device: torch.device, out_dir: str | Path,
                       seed: int = 0, progress: bool = False) -> RunResult:

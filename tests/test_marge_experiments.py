@@ -66,6 +66,15 @@ def test_bad_scale_or_ablation_is_a_one_line_error():
     assert exp.ablation("β = 0 (no relevance bias)") == {"beta": 0.0}
 
 
+def test_fine_tuning_at_the_deciding_scales_can_pass_the_convergence_rule():
+    from msgcore.verdicts import MIN_PATIENCE, MIN_VALIDATIONS
+
+    for name in ("small", "full"):
+        ft = exp.MARGE_SCALES[name].finetune
+        assert ft.patience >= MIN_PATIENCE and ft.max_steps // ft.validate_every >= MIN_VALIDATIONS + ft.patience
+        assert ft.valid_max_sentences == 0  # the whole dev set: its noise must sit below the tolerance
+
+
 def toy_scale():
     return exp.MargeScale(dict(d_model=32, n_heads=2, d_ff=64, encoder_layers=2, decoder_layers=2, relevance_layers=1,
                                decoder_self_only_layers=1, dropout=0.0, beta_init=10.0),

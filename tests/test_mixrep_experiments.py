@@ -103,7 +103,11 @@ def test_scales_follow_chapter_0_and_the_wide_baseline_outweighs_mixrep():
     assert small.mixrep_train == {} and full.mixrep_train == {}  # chapter 0's recipe, its kernel included
     assert full.seeds == 3 and set(full.directions) == {("de", "en"), ("en", "de")} and BPE in full.baselines
     assert full.curve_sizes == (5000, 10000) and full.co_teaching.max_epochs == 10
-    assert mx.chapter_recipe(mx.MIXREP_SCALES["smoke"]).train.max_steps == mx.MIXREP_SCALES["smoke"].run_steps
+    smoke = mx.MIXREP_SCALES["smoke"]
+    capped = mx.chapter_recipe(smoke)  # smoke's caps reach every run's recipe
+    assert capped.train.max_steps == smoke.run_steps and capped.train.valid_max_sentences == smoke.valid_sentences
+    assert capped.train_examples == smoke.train_examples and capped.test_examples == smoke.test_examples
+    assert max(smoke.curve_sizes) < smoke.train_examples  # a learning-curve point is less than all the data
     for scale in (mx.MIXREP_SCALES["smoke"], full):
         recipe = mx.chapter_recipe(scale)
         pair = SimpleNamespace(bpe=SimpleNamespace(vocab_size=8000), sp=SimpleNamespace(vocab_size=8000))
@@ -304,7 +308,7 @@ def test_word_segments_group_pieces_by_word():
 def toy_chapter(offline, tmp_path, monkeypatch):
     toy_scale = replace(mx.MIXREP_SCALES["smoke"], wide=dict(d_model=64), table2_directions=(("en", "de"),),
                         co_teaching=replace(STEPS, max_steps=2), curve_sizes=(40,), run_steps=0,
-                        test_examples=None, table8_vocab=1000)
+                        test_examples=None, train_examples=None, valid_sentences=None, table8_vocab=1000)
     monkeypatch.setitem(mx.MIXREP_SCALES, "smoke", toy_scale)
     monkeypatch.setitem(BASELINE_SCALES, "smoke", TOY)
     return mx.run_chapter("smoke", CPU, tmp_path / "ch02", 0)
@@ -382,7 +386,7 @@ def test_the_whole_chapter_runs_judges_every_claim_and_analyses_on_a_toy_scale(t
     rates = mx.measured_rates(ch)
     assert set(rates) == {mx.NARROW, mx.WIDE, mx.MIXREP} and rates[mx.MIXREP].device == "cpu"
     run = ch.runs["De→En", mx.MIXREP, SP, 0].run
-    assert rates[mx.MIXREP].seconds == pytest.approx(run.wall_time_s / mx.run_updates(run))
+    assert rates[mx.MIXREP].seconds == pytest.approx(run.wall_time_s / run.updates)
     # every claim the toy scale runs finds its systems, floors and gates; a toy model passes no baseline gate
     claims = mx.declared_claims("smoke", rates)
     assert [replace(c, cost="") for c in claims] == [replace(c, cost="") for c in mx.declared_claims("smoke")]

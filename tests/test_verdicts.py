@@ -492,6 +492,21 @@ def test_best_constant_is_chosen_on_dev_and_scored_on_test():
         floors.best_constant([], test)
 
 
+@pytest.mark.parametrize("metric,options", [("bleu", {}), ("bleu", {"lowercase": True}),
+                                            ("ter", {"case_sensitive": True})])
+def test_best_constant_scores_each_candidate_as_a_plain_corpus_score_would(metric, options):
+    from msgcore import floors
+    from msgcore.metrics import corpus_score
+
+    dev = ["A man rides a horse .", "a man rides a bike .", "Two dogs play in the snow .", "a dog runs .",
+           "A man rides a horse in the snow ."]
+    sign = -1 if metric == "ter" else 1
+    expected = max(dict.fromkeys(dev), key=lambda t: sign * corpus_score(metric, [t] * 5, dev, **options).score)
+    text, score = floors.best_constant(dev, dev[:2], metric, **options)  # the references' statistics are cached
+    assert text == expected
+    assert score == corpus_score(metric, [expected] * 2, dev[:2], **options).score
+
+
 def test_tables_write_counts_as_integers_small_rates_with_significant_digits_and_gaps_as_a_dash():
     import pandas as pd
 

@@ -329,7 +329,8 @@ MARGE_SCALES: dict[str, MargeScale] = {
     "small": MargeScale(
         SMALL_MODEL, images=1000, shard_images=32,
         retrieval=RetrievalConfig(refresh_every=150, max_tokens=300, max_docs=8),
-        steps=2500, lr=1e-3, warmup=100, finetune=_ft(600, max_tokens=1536, **CPU_BOOK_SETTING), ablation_steps=1000,
+        steps=2500, lr=1e-3, warmup=100, ablation_steps=1000,
+        finetune=_ft(1500, max_tokens=1536, validate_every=150, patience=2, **CPU_BOOK_SETTING),
         seeds=(0, 1, 2), val_images=1014, control_val_images=100, eval_sentences=300, table5_images=4000,
         table5_steps=150, **CPU_BOOK_SETTING,
         notes="bf16 autocast (and on a CPU the math attention kernel): MARGE at the shared denoising model's size (the "
@@ -337,8 +338,8 @@ MARGE_SCALES: dict[str, MargeScale] = {
               "cross-attention layers), warm-started from it, pre-trained for 2,500 updates on 3 seeds on the "
               "comparable descriptions of 1,000 Multi30k images (10,000 documents in 4 languages, no translations), "
               "shards of 32 images, index refreshed every 150 updates; the continued denoiser for as many updates "
-              "and target tokens; ablations (random initialisation among them) at 1,000 updates; 600-update "
-              "fine-tuning on TED; Table 5's protocol with 150 fine-tuning updates per language; every system on 3 "
+              "and target tokens; ablations (random initialisation among them) at 1,000 updates; fine-tuning on TED "
+              "with early stopping on its whole dev set (patience 2, at most 1,500 updates); Table 5's protocol with 150 fine-tuning updates per language; every system on 3 "
               "seeds; greedy decoding; 300 test captions per language."),
     "full": MargeScale(
         SMALL_MODEL, images=29000, shard_images=64,

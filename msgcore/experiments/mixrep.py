@@ -240,6 +240,8 @@ class MixRepScale:
     test_split: str = "test_2016_flickr"
     run_steps: int = 0  # cap on every run's updates (0 = chapter 0's recipe); smoke only: then no run is chapter 0's
     test_examples: int | None = None  # test sentences scored (None = chapter 0's recipe's)
+    train_examples: int | None = None  # training pairs used (None = chapter 0's recipe's); smoke only
+    valid_sentences: int | None = None  # dev sentences translated at each validation (None = the recipe's); smoke only
     mixrep_train: dict = field(default_factory=dict)  # TrainConfig overrides of the MixRep runs: speed, not the recipe
     notes: str = ""  # what a reader should know about this scale
 
@@ -256,8 +258,9 @@ MIXREP_SCALES: dict[str, MixRepScale] = {
     "smoke": MixRepScale(
         "smoke", (("de", "en"),), baselines=(SP, BPE), wide=dict(d_model=256),
         co_teaching=_stage2(BASELINE_SCALES["smoke"].train, 1, max_steps=4, warmup_steps=2),
-        co_teaching_beam=1, extra_directions=(("de", "en"),), owner_ablation=True, curve_sizes=(1000,),
-        run_steps=8, test_examples=40, mixrep_train=dict(sdpa_backends=("math",)),
+        co_teaching_beam=1, extra_directions=(("de", "en"),), owner_ablation=True, curve_sizes=(500,),
+        run_steps=8, test_examples=40, train_examples=1000, valid_sentences=20,
+        mixrep_train=dict(sdpa_backends=("math",)),
         notes="CI only: checks that every code path of the chapter runs; its numbers mean nothing, and its baseline "
               "gates fail, so every claim it runs is not decided."),
     "small": MixRepScale(
@@ -284,8 +287,12 @@ def chapter_recipe(scale: MixRepScale) -> Scale:
     recipe = BASELINE_SCALES[scale.baseline]
     if scale.run_steps:
         recipe = replace(recipe, train=replace(recipe.train, max_steps=scale.run_steps))
+    if scale.valid_sentences is not None:
+        recipe = replace(recipe, train=replace(recipe.train, valid_max_sentences=scale.valid_sentences))
     if scale.test_examples is not None:
         recipe = replace(recipe, test_examples=scale.test_examples)
+    if scale.train_examples is not None:
+        recipe = replace(recipe, train_examples=scale.train_examples)
     return recipe
 
 
@@ -954,10 +961,6 @@ def curve_gain_name(which: str, direction: str) -> str:
     return f"MixRep − narrow Transformer [SP], {which} {direction}"
 
 
-def run_updates(run: RunResult) -> int:
-    return max((row["step"] for row in run.history), default=0)
-
-
 def run_record(trained: Trained, seed: int) -> RunRecord:
     """One seed's training as the protocol sees it: every stage of its run, first to last, from each stage's
     whole log (a run reused from the cache carries its whole log.json)."""
@@ -1077,9 +1080,9 @@ def measured_rates(ch: Chapter) -> dict[str, Rate]:
     out = {}
     for system in RATED:
         trained = ch.runs.get((ch.primary.name, system, SP, ch.seed))
-        if trained is not None and run_updates(trained.run):
+        if trained is not None and trained.run.updates:
             run = trained.run
-            out[system] = Rate(run.wall_time_s / run_updates(run), run_updates(run), run_device(run, ch.device))
+            out[system] = Rate(run.wall_time_s / run.updates, run.updates, run_device(run, ch.device))
     return out
 
 

@@ -182,7 +182,8 @@ POSTECH_SCALES: dict[str, PostechScale] = {
     # Early stopping on 500 dev triplets: at 150 generic and 60 fine-tuning updates (4 validations on 100 triplets,
     # no patience) every run was still rising, so no claim could pass the verdict protocol's convergence rule.
     # Measured on 2 CPU threads, `small` preset, 1,536 tokens: 0.72 s per update at alpha = 1, 1.55 s at alpha =
-    # 0.8 (the incremental pass), 13 s to decode the 1,000 dev triplets greedily.
+    # 0.8 (the incremental pass), at most 13 s to decode the 1,000 dev triplets greedily (an untrained model's time,
+    # which decodes to its length limit: an upper bound).
     "small": PostechScale(
         "small", _steps(2000, validations=8, patience=2, lr=5e-4, valid_max_sentences=500, **CPU_BOOK_SETTING),
         _steps(800, validations=8, patience=2, lr=3e-4, valid_max_sentences=500, **CPU_BOOK_SETTING),
