@@ -50,8 +50,15 @@ def describe(module: nn.Module) -> str:
     return kind
 
 
+def plumbing(module: nn.Module) -> bool:
+    """Residual plumbing: a SKIPPED module, or a ModuleDict of them (MixRep's per-stream LayerNorms)."""
+    if isinstance(module, nn.ModuleDict):
+        return len(module) > 0 and all(map(plumbing, module.values()))
+    return isinstance(module, SKIPPED)
+
+
 def layer_text(layer: nn.Module) -> str:
-    blocks = [f"{name}: {describe(child)}" for name, child in layer.named_children() if not isinstance(child, SKIPPED)]
+    blocks = [f"{name}: {describe(child)}" for name, child in layer.named_children() if not plumbing(child)]
     return type(layer).__name__ + "\n" + "\n".join(blocks)
 
 

@@ -56,3 +56,6 @@ def test_every_papers_model_has_its_stacks_found_and_postechs_joint_encoder_has_
     mixrep = stacks(MixRepTransformer(MixRepConfig(**dims)))[0]  # the two streams' embeddings, one line each
     assert mixrep.below[0].startswith("embed: bpe: Embeddings") and mixrep.below[0].split("\n")[1].startswith(
         "sp: Embeddings")
+    # a layer's per-stream LayerNorms are residual plumbing like a plain LayerNorm: no line of their own
+    layer_text = mixrep.layers[0][0]
+    assert "norm" not in layer_text.lower() and "self_attn: bpe:" in layer_text
