@@ -339,8 +339,9 @@ MARGE_SCALES: dict[str, MargeScale] = {
               "comparable descriptions of 1,000 Multi30k images (10,000 documents in 4 languages, no translations), "
               "shards of 32 images, index refreshed every 150 updates; the continued denoiser for as many updates "
               "and target tokens; ablations (random initialisation among them) at 1,000 updates; fine-tuning on TED "
-              "with early stopping on its whole dev set (patience 2, at most 1,500 updates); Table 5's protocol with 150 fine-tuning updates per language; every system on 3 "
-              "seeds; greedy decoding; 300 test captions per language."),
+              "with early stopping on its whole dev set (patience 2, at most 1,500 updates); Table 5's protocol "
+              "with 150 fine-tuning updates per language; every system on 3 seeds; greedy decoding; 300 test "
+              "captions per language."),
     "full": MargeScale(
         SMALL_MODEL, images=29000, shard_images=64,
         retrieval=RetrievalConfig(refresh_every=1000, max_tokens=1536, max_docs=32),
