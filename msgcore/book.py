@@ -372,9 +372,6 @@ def execute_chapter(src: Path, dst: Path, scale: str, device: str = "auto", seed
     return result
 
 
-BOOK_BUDGET_HOURS = {"small": 12.0}  # the whole book's cold budget at a scale, on 2 CPU cores (README)
-
-
 def record_cost(path: Path, result: ChapterResult, device: str = "auto") -> dict:
     """Store in the executed notebook's metadata (`msgcore.cost`) what this execution cost: its minutes, the device
     it ran on, each run-cache entry it reused with the commit and minutes of the run that made it, and the cold cost
@@ -400,7 +397,7 @@ def record_cost(path: Path, result: ChapterResult, device: str = "auto") -> dict
 
 def chapter_costs(root: Path = REPO_ROOT):
     """What each committed chapter cost when it was executed, read from its notebook (`record_cost`; papermill's
-    duration alone for a notebook executed before costs were recorded), and its share of the book's cold budget."""
+    duration alone for a notebook executed before costs were recorded), and the device it ran on."""
     import nbformat
     import pandas as pd
 
@@ -412,13 +409,12 @@ def chapter_costs(root: Path = REPO_ROOT):
         if cost is None:
             rows.append({"chapter": name, "scale": "–", "minutes of the committed execution":
                          round(duration / 60, 1) if duration else "–", "reused runs": "not recorded",
-                         "cold minutes": "not recorded", "share of the book's budget": "–"})
+                         "cold minutes": "not recorded", "device": "not recorded"})
             continue
-        budget = BOOK_BUDGET_HOURS.get(cost["scale"])
         cold = f"≥ {cost['cold minutes']}" if cost["cold is a lower bound"] else cost["cold minutes"]
         rows.append({"chapter": name, "scale": cost["scale"], "minutes of the committed execution": cost["minutes"],
                      "reused runs": len(cost["reused"]), "cold minutes": cold,
-                     "share of the book's budget": f"{cost['cold minutes'] / 60 / budget:.0%}" if budget else "–"})
+                     "device": cost.get("device", "not recorded")})
     return pd.DataFrame(rows)
 
 

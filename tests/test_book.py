@@ -395,7 +395,7 @@ def test_an_execution_records_its_cost_and_the_reused_runs_commits_and_the_book_
     book.record_cost(tiny_book / "book" / "ch_b.ipynb",
                      book.ChapterResult("ch_b", "small", "ok", 6.0, reused=["run-aaa", "natcurve-bbb"]))
     table = book.chapter_costs(tiny_book).set_index("chapter")
-    assert table.loc["ch_a", "cold minutes"] == 40.0 and table.loc["ch_a", "share of the book's budget"] == "6%"
+    assert table.loc["ch_a", "cold minutes"] == 40.0 and table.loc["ch_a", "device"] == cost["device"]
     assert table.loc["ch_b", "cold minutes"] == "≥ 16.0"  # the curve artefact has no minutes on record
     write_notebook(path, "print(1)")  # executed before costs were recorded: its duration alone, if any
     row = book.chapter_costs(tiny_book).set_index("chapter").loc["ch_a"]
