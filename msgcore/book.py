@@ -64,6 +64,7 @@ class ChapterResult:
     minutes: float | None = None
     error: str = ""
     reused: list[str] = field(default_factory=list)  # run-cache entries the chapter reused instead of training
+    built: list[str] = field(default_factory=list)  # run-cache entries the chapter trained or built itself
 
 
 @dataclass
@@ -334,8 +335,8 @@ class ChapterProgress:
 
 
 def reused_entries(reuse_log: Path) -> list[str]:
-    """The run-cache entries a chapter reused, each once, in the order first reused (a notebook may read one entry
-    twice; counting it twice would also count its minutes twice in the cold cost)."""
+    """The run-cache entries a chapter reused (or built: the same format), each once, in the order first named (a
+    notebook may read one entry twice; counting it twice would also count its minutes twice in the cold cost)."""
     return list(dict.fromkeys(reuse_log.read_text().split())) if reuse_log.is_file() else []
 
 
@@ -345,9 +346,11 @@ def execute_chapter(src: Path, dst: Path, scale: str, device: str = "auto", seed
     import papermill as pm
 
     start = time.perf_counter()
-    reuse_log = dst.with_suffix(".reused.txt")  # msgcore.runcache appends each reused entry here
-    reuse_log.unlink(missing_ok=True)
-    os.environ["MSGCORE_REUSE_LOG"] = str(reuse_log.resolve())  # the kernel inherits the runner's environment
+    logs = {"MSGCORE_REUSE_LOG": dst.with_suffix(".reused.txt"),  # msgcore.runcache appends each reused entry here
+            "MSGCORE_BUILT_LOG": dst.with_suffix(".built.txt")}  # and each entry it trained or built
+    for env, log in logs.items():
+        log.unlink(missing_ok=True)
+        os.environ[env] = str(log.resolve())  # the kernel inherits the runner's environment
     try:
         with ChapterProgress(dst):
             pm.execute_notebook(
@@ -361,22 +364,23 @@ def execute_chapter(src: Path, dst: Path, scale: str, device: str = "auto", seed
     except Exception as e:  # a dead kernel, a cell timeout, an unreadable notebook
         error = f"{type(e).__name__}: {_one_line(e)}"
     finally:
-        os.environ.pop("MSGCORE_REUSE_LOG", None)
+        for env in logs:
+            os.environ.pop(env, None)
     minutes = (time.perf_counter() - start) / 60
-    reused = reused_entries(reuse_log)
+    reused, built = (reused_entries(log) for log in logs.values())
     if error:
-        return ChapterResult(src.stem, scale, "FAILED", minutes, error, reused)
+        return ChapterResult(src.stem, scale, "FAILED", minutes, error, reused, built)
     tag_parameter_cells(dst)
-    result = ChapterResult(src.stem, scale, "ok", minutes, reused=reused)
+    result = ChapterResult(src.stem, scale, "ok", minutes, reused=reused, built=built)
     record_cost(dst, result, device)
     return result
 
 
 def record_cost(path: Path, result: ChapterResult, device: str = "auto") -> dict:
     """Store in the executed notebook's metadata (`msgcore.cost`) what this execution cost: its minutes, the device
-    it ran on, each run-cache entry it reused with the commit and minutes of the run that made it, and the cold cost
-    (this execution plus the reused entries' minutes; `cold is a lower bound` when an entry has no minutes on
-    record)."""
+    it ran on, each run-cache entry it reused with the commit and minutes of the run that made it, each entry it
+    trained or built itself (its minutes are inside the execution's), and the cold cost (this execution plus the
+    reused entries' minutes; `cold is a lower bound` when an entry has no minutes on record)."""
     import nbformat
 
     from msgcore import runcache
@@ -386,7 +390,7 @@ def record_cost(path: Path, result: ChapterResult, device: str = "auto") -> dict
     known = [row["minutes"] for row in rows if row["minutes"] is not None]
     resolved = resolve_device(device)
     cost = {"scale": result.scale, "minutes": round(result.minutes, 1), "device type": resolved.type,
-            "device": device_name(resolved), "reused": rows,
+            "device": device_name(resolved), "reused": rows, "built": runcache.provenance_rows(result.built),
             "cold minutes": round(result.minutes + sum(known), 1), "cold is a lower bound": len(known) < len(rows)}
     nb = nbformat.read(path, as_version=4)
     nb.metadata.setdefault("msgcore", {})["cost"] = cost

@@ -51,7 +51,11 @@ def note_reused(name: str) -> None:
     """Remember a reused entry; also append it to $MSGCORE_REUSE_LOG (the book runner reads that file per chapter)."""
     REUSED.append(name)
     USED.setdefault(name, True)
-    log = os.environ.get("MSGCORE_REUSE_LOG")
+    _append_name("MSGCORE_REUSE_LOG", name)
+
+
+def _append_name(env: str, name: str) -> None:
+    log = os.environ.get(env)
     if log:
         with open(log, "a") as f:
             f.write(name + "\n")
@@ -221,6 +225,7 @@ def mark_finished(entry: Path, files: list[str], **info) -> dict:
     with atomic_write(entry / "meta.json") as f:
         json.dump(meta, f, indent=1)
     USED.setdefault(entry.name, False)
+    _append_name("MSGCORE_BUILT_LOG", entry.name)  # the book runner's record of what a chapter trained itself
     return meta
 
 

@@ -390,13 +390,16 @@ def test_an_execution_records_its_cost_and_the_reused_runs_commits_and_the_book_
         (cache / name / "meta.json").write_text(json.dumps({"files": {}, **meta}))
     path = tiny_book / "book" / "ch_a.ipynb"
     cost = book.record_cost(path, book.ChapterResult("ch_a", "small", "ok", 30.0, reused=["run-aaa"]))
-    assert cost["cold minutes"] == 40.0 and not cost["cold is a lower bound"]
+    assert cost["cold minutes"] == 40.0 and not cost["cold is a lower bound"] and cost["built"] == []
     assert nbformat.read(path, as_version=4).metadata["msgcore"]["cost"]["reused"][0]["trained at commit"] == "abc1234"
     book.record_cost(tiny_book / "book" / "ch_b.ipynb",
                      book.ChapterResult("ch_b", "small", "ok", 6.0, reused=["run-aaa", "natcurve-bbb"]))
     table = book.chapter_costs(tiny_book).set_index("chapter")
     assert table.loc["ch_a", "cold minutes"] == 40.0 and table.loc["ch_a", "device"] == cost["device"]
     assert table.loc["ch_b", "cold minutes"] == "≥ 16.0"  # the curve artefact has no minutes on record
+    trained = book.record_cost(path, book.ChapterResult("ch_a", "small", "ok", 30.0, built=["run-aaa"]))
+    assert trained["cold minutes"] == 30.0  # a run trained in the execution is inside its minutes, counted once
+    assert [row["entry"] for row in trained["built"]] == ["run-aaa"] and trained["reused"] == []
     write_notebook(path, "print(1)")  # executed before costs were recorded: its duration alone, if any
     row = book.chapter_costs(tiny_book).set_index("chapter").loc["ch_a"]
     assert row["reused runs"] == row["cold minutes"] == "not recorded" and not row.isna().any()

@@ -277,10 +277,12 @@ def test_cache_can_be_turned_off(toy, tmp_path, monkeypatch):
     assert run.out_dir == tmp_path / "a" and (tmp_path / "a" / "best.pt").is_file() and not run.reused
 
 
-def test_reuse_is_logged_for_the_book_runner(toy, tmp_path, monkeypatch):
-    log = tmp_path / "reused.txt"
+def test_reuse_and_training_are_logged_for_the_book_runner(toy, tmp_path, monkeypatch):
+    log, built = tmp_path / "reused.txt", tmp_path / "built.txt"
     monkeypatch.setenv("MSGCORE_REUSE_LOG", str(log))
+    monkeypatch.setenv("MSGCORE_BUILT_LOG", str(built))
     first = train_model(fresh_model(toy), toy, cfg(), torch.device("cpu"), tmp_path / "a")
-    assert not log.exists()
+    assert not log.exists() and built.read_text().splitlines() == [first.out_dir.name]
     train_model(fresh_model(toy), toy, cfg(), torch.device("cpu"), tmp_path / "b")
     assert log.read_text().splitlines() == [first.out_dir.name]
+    assert built.read_text().splitlines() == [first.out_dir.name]  # a reuse builds nothing
