@@ -89,7 +89,7 @@ def run_log(entry: str, logs: Path | None = None) -> list[dict] | None:
 def update_minutes(log: list[dict]) -> tuple[int, float]:
     """(updates, minutes spent in them): the updates times the median seconds per update of the log's training
     windows (a window that holds a validation is slower; the median leaves it out)."""
-    train = [e for e in log if e.get("kind") == "train" and e.get("tokens_per_s")]
+    train = [e for e in log if e.get("kind") == "train" and e.get("tokens_per_s") and "target_tokens" in e]
     if len(train) < 2:
         raise MsgcoreError("a run log needs two training rows to time its updates")
     updates = max(e["step"] for e in log if "step" in e)
@@ -118,7 +118,10 @@ def split(page_minutes: float, entries: list[dict], logs: Path | None = None) ->
         log = run_log(row["entry"], logs)
         if log is None and row["entry"].startswith("run-"):
             return f"the log of {row['entry']} is not committed"
-        n, minutes = update_minutes(log) if log is not None else (0, 0.0)
+        try:
+            n, minutes = update_minutes(log) if log is not None else (0, 0.0)
+        except MsgcoreError as e:
+            return f"{row['entry']}: {e}"
         updates, in_updates, other = updates + n, in_updates + minutes, other + row["minutes"] - minutes
     return Split(page_minutes, updates, in_updates, max(other, 0.0))
 

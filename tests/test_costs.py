@@ -53,9 +53,11 @@ def test_split_puts_validation_and_artefact_minutes_apart_from_the_updates(tmp_p
 @pytest.mark.parametrize("entries, reason", [
     ([{"entry": "run-missing", "minutes": 3.0}], "the log of run-missing is not committed"),
     ([{"entry": "run-a", "minutes": None}], "run-a has no minutes on record"),
+    ([{"entry": "run-capped", "minutes": 0.1}], "run-capped: a run log needs two training rows to time its updates"),
 ])
 def test_split_says_why_it_cannot_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entries, reason) -> None:
     monkeypatch.setenv("MSGCORE_RUNS", str(tmp_path / "empty-cache"))
+    write_log(tmp_path, "run-capped", [train_row(2, 300, 100.0)])  # a dry run's 2 updates: one training row
     assert costs.split(1.0, entries, logs=tmp_path) == reason
 
 
