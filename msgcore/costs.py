@@ -15,6 +15,8 @@ process at a time: its virtual machine has 2 vCPUs.
 # Deviation: no T4 was measured. At the book's `small` update the GPU waits on the host, which launches its many
 # small kernels one by one (the H200's profile in book/benchmarks/gpu/ shows it), so a T4 is taken at the H200's
 # measured one-process time, unless arithmetic at the T4's datasheet peak would take longer (`t4_ms_per_update`).
+# Deviation: every update is timed as the book's Transformer update. A paper's model that launches more kernels per
+# update (MixRep's two streams and two decoders, say) takes longer there, so its estimate is low by up to that factor.
 # Every number computed here is labelled an estimate wherever it is shown.
 """
 from __future__ import annotations
