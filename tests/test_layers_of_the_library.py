@@ -10,10 +10,11 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "msgcore"
 LAYERS = {"core": 0, "models": 1, "foundations": 2, "experiments": 3, "top": 4}
-# Above every layer: the command lines, the runners (local and offline GPU), the benchmarks and the chapters'
-# registry (they may import anything, and are not checked).
+# Above every layer: the command lines, the runners (local and offline GPU), the benchmarks, the chapters'
+# registry and the chapters' GPU cost estimates, which read the book's notebooks (they may import anything, and are
+# not checked).
 TOP = ("msgcore.book", "msgcore.bench", "msgcore.bench_peers", "msgcore.__main__", "msgcore.chapters",
-       "msgcore.offline")
+       "msgcore.costs", "msgcore.offline")
 # The upward imports the core makes, and why.
 UPWARD = {("msgcore.trainer", "msgcore.models"): "load_model looks a checkpoint's class up in the model registry",
           ("msgcore.retrieval", "msgcore.models.marge"): "MARGE's retrieval and batch construction build its batches",
