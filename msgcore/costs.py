@@ -49,11 +49,13 @@ class Rates:
     decode_speedup: float  # beam-5 generated tokens/s at batch 64, GPU over CPU
     params_m: float  # the `small` preset's parameters, in millions (the CPU report's)
 
+    def t4_arithmetic_ms(self, tokens: int) -> float:
+        """An update's arithmetic at the T4's peak: 6 FLOPs per parameter per token."""
+        return 1000 * 6 * self.params_m * 1e6 * tokens / T4_PEAK_FLOPS
+
     def t4_ms_per_update(self, preset: str, tokens: int) -> float:
-        """A T4's ms per update: the H200's measured launch-bound time, or the update's arithmetic at the T4's peak
-        (6 FLOPs per parameter per token) if that is longer."""
-        arithmetic = 1000 * 6 * self.params_m * 1e6 * tokens / T4_PEAK_FLOPS
-        return max(self.gpu_ms[preset, tokens, 1], arithmetic)
+        """A T4's ms per update: the H200's measured launch-bound time, or the arithmetic if that is longer."""
+        return max(self.gpu_ms[preset, tokens, 1], self.t4_arithmetic_ms(tokens))
 
 
 def read_report(name: str, root: Path = BENCHMARKS) -> dict:
@@ -177,14 +179,14 @@ def rates_table(r: Rates):
     rows = []
     for scale, (preset, tokens) in RECIPE_BATCH.items():
         setting = f"{scale} scale: {preset} preset, {tokens:,} tokens"
-        arithmetic = 1000 * 6 * r.params_m * 1e6 * tokens / T4_PEAK_FLOPS
         rows += [
             {"setting": setting, "device": f"{r.device}, 1 process", "ms per update": r.gpu_ms[preset, tokens, 1],
              "source": "measured (probe)"},
             {"setting": setting, "device": f"{r.device}, each of {PROCESSES} processes",
              "ms per update": r.gpu_ms[preset, tokens, PROCESSES], "source": "measured (probe)"},
             {"setting": setting, "device": "T4, 1 process", "ms per update": r.t4_ms_per_update(preset, tokens),
-             "source": f"estimate: the H200's launch-bound time (arithmetic at the T4's peak: {arithmetic:.1f} ms)"},
+             "source": f"estimate: the H200's launch-bound time (arithmetic at the T4's peak: "
+                       f"{r.t4_arithmetic_ms(tokens):.1f} ms)"},
         ]
     table = pd.DataFrame(rows)
     table["ms per update"] = table["ms per update"].round(1)
