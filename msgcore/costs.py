@@ -38,6 +38,8 @@ CPU_REPORT = "cpu--x86-64--2-threads.json"  # the same decoding on the 2 CPU thr
 PROCESSES = 3  # seeds side by side on one H100-class GPU
 T4_PEAK_FLOPS = 65e12  # FLOP/s, fp16 tensor cores: NVIDIA's T4 datasheet (a T4 has no native bf16)
 RECIPE_BATCH = {"small": ("small", 2048), "full": ("small", 8192)}  # scale -> (preset, tokens per batch), chapter 0's
+RUN_ENTRIES = ("run-", "natcurve-")  # the cache entries that are training runs, each with its log.json: a
+#                                    `train_model` run, and a run that records a curve (chapter 5's phase 1)
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,7 @@ def split(page_minutes: float, entries: list[dict], logs: Path | None = None) ->
         if row.get("minutes") is None:
             return f"{row['entry']} has no minutes on record"
         log = run_log(row["entry"], logs)
-        if log is None and row["entry"].startswith("run-"):
+        if log is None and row["entry"].startswith(RUN_ENTRIES):
             return f"the log of {row['entry']} is not committed"
         try:
             n, minutes = update_minutes(log) if log is not None else (0, 0.0)

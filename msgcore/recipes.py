@@ -159,7 +159,7 @@ def train_model(model, data: TranslationData, train_cfg: TrainConfig, device: to
                 valid: EncodedCorpus | None = None, trainer_class: type[Trainer] = Trainer) -> RunResult:
     """Train `model` on data.encoded["train"] (or `train`), validate on "val" (or `valid`, same
     references), and reload the checkpoint with the best dev BLEU. `trainer_class` is a Trainer whose hooks
-    collate the data's examples (e.g. msgcore.experiments.mixrep.MixRepTrainer for two segmentations).
+    collate the data's examples (e.g. msgcore.models.mixrep.MixRepTrainer for two segmentations).
 
     The run goes through the run cache (msgcore.runcache): a finished run with the same key is loaded
     instead of trained, an interrupted one resumes from its last.pt. `out_dir/run.json` points at the entry."""

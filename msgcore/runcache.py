@@ -251,18 +251,28 @@ def artifact_entry(kind: str, key: dict) -> Path | None:
     return entry_dir(kind, fingerprint(kind, key, code_fingerprint()))  # the generation code decides it too
 
 
-def cached_artifact(kind: str, key: dict, build: Callable[[], object], safe_types: tuple[type, ...] = ()):
+def cached_artifact(kind: str, key: dict, build: Callable[[], object], safe_types: tuple[type, ...] = (),
+                    training: Callable[[object], tuple[list[dict], float]] | None = None):
     """`build()`'s result, computed once per `key` and stored with torch.save (e.g. distilled targets).
 
     The result may hold tensors, plain data, EncodedCorpus and the dataclasses named in `safe_types`: the entry is
-    read back with `weights_only=True`, so a cache received from elsewhere cannot run code."""
+    read back with `weights_only=True`, so a cache received from elsewhere cannot run code.
+
+    `training` marks an artefact that is a training run (one that records a curve as it trains, say): result ->
+    (its log, its whole wall time in seconds, the earlier processes' of an interrupted build included). The entry
+    then keeps that log beside the artefact (log.json, as a run's entry does) and that wall time in meta.json, so
+    that provenance and the GPU estimates (msgcore.costs) count it as the training run it is."""
     entry = artifact_entry(kind, key)
     if entry is None:
         return build()
     with entry_lock(entry):  # a second process building the same artefact waits, then reads it
-        if finished(entry) is not None:
+        meta = finished(entry)
+        if meta is not None:
             note_reused(entry.name)
-            return load_artifact(entry / "artifact.pt", safe_types)
+            value = load_artifact(entry / "artifact.pt", safe_types)
+            if training and "log.json" not in meta["files"]:  # finished before its entry kept the log
+                keep_training_log(entry, *training(value))
+            return value
         begin(entry)
         start = time.perf_counter()
         value = build()
@@ -273,7 +283,21 @@ def cached_artifact(kind: str, key: dict, build: Callable[[], object], safe_type
             f.write(buffer.getvalue())
         shutil.rmtree(entry / "work", ignore_errors=True)
         mark_finished(entry, ["artifact.pt"], kind=kind, wall_time_s=wall)
+        if training:
+            keep_training_log(entry, *training(value))
     return value
+
+
+def keep_training_log(entry: Path, log: list[dict], wall_time_s: float) -> None:
+    """Store a training artefact's log in its finished entry, and record the log's checksum and the run's whole
+    wall time in the entry's meta.json (last, so that a kill in between leaves the entry to be completed again)."""
+    with atomic_write(entry / "log.json") as f:
+        json.dump(log, f, indent=1)
+    meta = json.loads((entry / "meta.json").read_text())
+    meta["files"]["log.json"] = file_sha256(entry / "log.json")
+    meta["wall_time_s"] = wall_time_s
+    with atomic_write(entry / "meta.json") as f:
+        json.dump(meta, f, indent=1)
 
 
 def load_artifact(path: Path, safe_types: tuple[type, ...] = ()):

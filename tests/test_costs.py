@@ -50,8 +50,15 @@ def test_split_puts_validation_and_artefact_minutes_apart_from_the_updates(tmp_p
     assert part == costs.Split(page=2.0, updates=400, update_minutes=pytest.approx(4.0), other=pytest.approx(2.5))
 
 
+def test_a_curve_run_is_split_as_the_training_run_it_is(tmp_path: Path) -> None:
+    write_log(tmp_path, "natcurve-a", steady_log(updates=400, seconds_per_update=0.6))
+    part = costs.split(0.0, [{"entry": "natcurve-a", "minutes": 5.0}], logs=tmp_path)
+    assert (part.updates, part.update_minutes, part.other) == (400, pytest.approx(4.0), pytest.approx(1.0))
+
+
 @pytest.mark.parametrize("entries, reason", [
     ([{"entry": "run-missing", "minutes": 3.0}], "the log of run-missing is not committed"),
+    ([{"entry": "natcurve-missing", "minutes": 3.0}], "the log of natcurve-missing is not committed"),
     ([{"entry": "run-a", "minutes": None}], "run-a has no minutes on record"),
     ([{"entry": "run-capped", "minutes": 0.1}], "run-capped: a run log needs two training rows to time its updates"),
 ])

@@ -1,4 +1,5 @@
 """Coverage-NAT recipes (msgcore/experiments/coverage_nat.py) on the toy corpus and hand-made outputs."""
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -93,6 +94,16 @@ def test_the_curve_is_one_run_cut_into_chunks_and_is_cached(data, tmp_path):
     assert again.run.reused and again.curve == cut.curve
 
 
+def test_a_curve_run_that_stops_early_at_a_chunks_end_records_its_last_point_once(data, tmp_path):
+    cfg = TrainConfig(**{**vars(STEPS), "lr": 0.0, "max_epochs": 100, "max_steps": 30, "validate_every": 3,
+                         "patience": 1})  # nothing learnt: the second validation is no better, and stops the run
+    torch.manual_seed(0)
+    run = nat.train_with_curve(CoverageNAT(nat.nat_config(data, SCALE)), data, cfg, CPU, tmp_path / "a", every=3)
+    assert [p["step"] for p in run.curve] == [3, 6] and max(r["step"] for r in run.run.history) == 6
+    stored = [{"step": 3, "BLEU": 1.0}, {"step": 6, "BLEU": 2.0}, {"step": 6, "BLEU": 2.0}]  # from before the fix
+    assert nat.one_point_per_step(stored) == stored[:2]
+
+
 def test_an_interrupted_curve_run_resumes_to_the_same_result(data, tmp_path, monkeypatch):
     from msgcore.trainer import Trainer
 
@@ -122,6 +133,10 @@ def test_an_interrupted_curve_run_resumes_to_the_same_result(data, tmp_path, mon
         assert torch.equal(a, b)
     entries = list((tmp_path / "other-cache").iterdir())
     assert entries and not any((e / "work").exists() for e in entries)  # the resumable state goes once finished
+    curve_entry = next(e for e in entries if e.name.startswith("natcurve-"))
+    meta = json.loads((curve_entry / "meta.json").read_text())
+    assert meta["wall_time_s"] == resumed.run.wall_time_s  # both processes' time, not the resuming one's alone
+    assert json.loads((curve_entry / "log.json").read_text()) == resumed.run.history  # its log, as a run's entry
 
 
 def test_translate_nat_and_lpd_keep_corpus_order(data, tmp_path):

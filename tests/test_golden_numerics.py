@@ -14,11 +14,11 @@ from msgcore import numerics, runcache
 from msgcore.batching import encode_corpus
 from msgcore.data import synthetic_corpus
 from msgcore.experiments.marge import BOS, EOS, toy_documents
-from msgcore.experiments.mixrep import MixRepTrainer, encode_mixrep, tokenizer_texts, train_tokenizers
 from msgcore.model import Transformer, preset
 from msgcore.models.coverage_nat import CoverageNAT, CoverageNATConfig
 from msgcore.models.marge import MargeConfig, MargeTransformer
-from msgcore.models.mixrep import MixRepConfig, MixRepTransformer
+from msgcore.models.mixrep import (MixRepConfig, MixRepTrainer, MixRepTransformer, encode_mixrep, tokenizer_texts,
+                                   train_tokenizers)
 from msgcore.models.postech_ape import PostechAPE, PostechConfig
 from msgcore.models.trice import TriceConfig, TriceTransformer
 from msgcore.retrieval import BatchConstructor, RetrievalConfig

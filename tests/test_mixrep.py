@@ -1,22 +1,21 @@
 """MixRep (Wu et al., ICML 2020): mixed encoders, two decoders, drop-path gates, co-teaching, the two-tokenizer data.
 
-msgcore/models/mixrep.py and msgcore/experiments/mixrep.py. Tiny configs; each test runs in seconds on one CPU thread.
+msgcore/models/mixrep.py. Tiny configs; each test runs in seconds on one CPU thread.
 """
 import pytest
 import torch
 
 from msgcore.batching import EncodedCorpus, collate
 from msgcore.data import synthetic_corpus
-from msgcore.experiments.mixrep import (MixRepCorpus, MixRepTrainer, check_same_text, co_teaching_corpus,
-                                        collate_mixrep, encode_mixrep, mixrep_lengths, pair_segmentations,
-                                        tokenizer_texts, train_tokenizers)
 from msgcore.generation import GenerationConfig, greedy_search, sequence_log_probs
 from msgcore.layers import EncoderOut
 from msgcore.model import Transformer, TransformerConfig
 from msgcore.models import MODELS
-from msgcore.models.mixrep import (STREAMS, MixDecoderLayer, MixRepBatch, MixRepConfig,
+from msgcore.models.mixrep import (STREAMS, MixDecoderLayer, MixRepBatch, MixRepConfig, MixRepCorpus, MixRepTrainer,
                                    MixRepTransformer, StackedMixDecoderLayer, TokenizerPair, branch_gate,
-                                   co_teaching_targets, other)
+                                   check_same_text, co_teaching_corpus, co_teaching_targets, collate_mixrep,
+                                   encode_mixrep, mixrep_lengths, other, pair_segmentations, tokenizer_texts,
+                                   train_tokenizers)
 from msgcore.trainer import TrainConfig, load_model
 from msgcore.utils import MsgcoreError
 

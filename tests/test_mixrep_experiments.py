@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from msgcore import chapters, download, experiments, recipes, verdicts
+from msgcore import chapters, download, experiments, recipes, runcache, verdicts
+from msgcore.batching import collate
 from msgcore.experiments import BASELINE_SCALES, Scale, baseline_data, run_key, train_translation
 from msgcore.experiments import mixrep as mx
 from msgcore.experiments.mixrep import BPE, SP
 from msgcore.generation import GenerationConfig
 from msgcore.model import Transformer, preset
-from msgcore.models.mixrep import MixRepTransformer
+from msgcore.models.mixrep import MixRepCorpus, MixRepTransformer, check_same_text
 from msgcore.trainer import TrainConfig, translate_encoded
 from msgcore.utils import MsgcoreError
 
@@ -123,9 +124,9 @@ def test_both_tokenizations_hold_the_same_sentences(toy_direction):
     assert mix.encoded["val"].sources[1] == sp.encoded["val"].sources[0]
     assert mix.encoded["val"].sources[0] == bpe.encoded["val"].sources[0]
     assert mix.encoded["val"].bpe_target == bpe.encoded["val"].target
-    mx.check_same_text(mix.encoded["val"], toy_direction.tokenizers)
+    check_same_text(mix.encoded["val"], toy_direction.tokenizers)
     short = mx.head(mix.encoded["train"], 5)
-    assert isinstance(short, mx.MixRepCorpus) and len(short) == 5 and len(short.bpe_target) == 5
+    assert isinstance(short, MixRepCorpus) and len(short) == 5 and len(short.bpe_target) == 5
     assert len(mx.head(sp.encoded["train"], 7)) == 7
 
 
@@ -140,13 +141,19 @@ def test_co_teaching_data_doubles_the_set_in_the_right_segmentations_and_is_buil
     train = data.encoded["train"]
     assert len(union) == 16 and union.sources == [column * 2 for column in train.sources]
     assert union.target[:8] == train.target and union.bpe_target[:8] == train.bpe_target
-    batch = mx.collate(train, range(8))
+    batch = collate(train, range(8))
     texts = {s: model.stream(s).generate(batch.sources, batch.source_masks, train.target_prefix, train.eos_id,
                                          GenerationConfig(beam_size=2), [0, 2]) for s in ("bpe", "sp")}
     assert union.target[8:] == pair.sp.encode_batch(pair.bpe.decode_batch(texts["bpe"]))  # y^_{bpe->sp}
     assert union.bpe_target[8:] == pair.bpe.encode_batch(pair.sp.decode_batch(texts["sp"]))  # y^_{sp->bpe}
     monkeypatch.setattr(mx, "co_teaching_corpus", lambda *a, **k: pytest.fail("translated the training set twice"))
     assert mx.co_teaching_data(model, data, 2, CPU).target == union.target  # from the run cache
+    real, built = runcache.module_syntax, []
+    monkeypatch.setattr(runcache, "module_syntax", lambda name: real(name) + ("#" if name == mx.MixRepTrainer.__module__
+                                                                               else ""))
+    monkeypatch.setattr(mx, "co_teaching_corpus", lambda *a, **k: built.append(1) or union)
+    mx.co_teaching_data(model, data, 2, CPU)
+    assert built  # MixRep's code (its model, data and trainer) changed: the data is built again
 
 
 def test_self_training_data_is_the_models_own_translations_built_once(toy_direction, monkeypatch):
@@ -296,6 +303,24 @@ def test_costs_count_every_run_a_claim_needs_at_the_measured_rates():
     assert "hours on cuda" in gpu and "CPU-hours" not in gpu
 
 
+def test_a_rate_is_the_median_of_a_systems_runs_on_one_device(tmp_path):
+    def run(seconds, updates, device=None):
+        out = tmp_path / f"run-{seconds}-{device}"
+        out.mkdir()
+        if device:  # a run reused from the cache: its entry records where it trained
+            (out / "meta.json").write_text(f'{{"device": "{device}"}}')
+        return SimpleNamespace(wall_time_s=seconds * updates, updates=updates, out_dir=out, reused=bool(device))
+
+    slowed = [run(1.59, 3968, "cpu"), run(1.21, 2976, "cpu"), run(1.25, 3968, "cpu")]  # one run shared its machine
+    rate = mx.measured_rate(slowed, CPU)
+    assert (rate.seconds, rate.updates, rate.device, rate.runs) == (pytest.approx(1.25), 3968, "cpu", 3)
+    assert "at 1.25 s each, as measured on MixRep [SP], the median of its 3 runs)" in mx.hours_text(3, 3968, rate,
+                                                                                                   "MixRep [SP]")
+    mixed = mx.measured_rate([run(0.5, 100), run(0.05, 100, "cuda"), run(0.7, 100, "cuda:0")], CPU)
+    assert (mixed.seconds, mixed.device, mixed.runs) == (pytest.approx(0.5), "cpu", 1)  # this page's device only
+    assert "median" not in mx.hours_text(3, 100, mixed, "MixRep [SP]")
+
+
 def test_word_segments_group_pieces_by_word():
     pieces = ["▁Ein", "▁Eis", "f", "ischer", "▁", "hütte"]
     assert mx.word_segments(pieces) == [("▁Ein",), ("▁Eis", "f", "ischer"), ("▁", "hütte")]
@@ -385,8 +410,9 @@ def test_the_whole_chapter_runs_judges_every_claim_and_analyses_on_a_toy_scale(t
     check_runs(ch)
     rates = mx.measured_rates(ch)
     assert set(rates) == {mx.NARROW, mx.WIDE, mx.MIXREP} and rates[mx.MIXREP].device == "cpu"
-    run = ch.runs["De→En", mx.MIXREP, SP, 0].run
-    assert rates[mx.MIXREP].seconds == pytest.approx(run.wall_time_s / run.updates)
+    runs = [ch.runs["De→En", mx.MIXREP, SP, s].run for s in ch.seeds]
+    assert rates[mx.MIXREP].seconds == pytest.approx(statistics.median(r.wall_time_s / r.updates for r in runs))
+    assert rates[mx.MIXREP].runs == len(ch.seeds)
     # every claim the toy scale runs finds its systems, floors and gates; a toy model passes no baseline gate
     claims = mx.declared_claims("smoke", rates)
     assert [replace(c, cost="") for c in claims] == [replace(c, cost="") for c in mx.declared_claims("smoke")]

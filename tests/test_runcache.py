@@ -81,14 +81,14 @@ def test_a_code_change_in_a_module_that_decides_numerics_is_a_miss(toy, monkeypa
 
 
 def test_the_model_module_and_its_base_classes_are_hashed(monkeypatch):
-    from msgcore.experiments.mixrep import MixRepTrainer
+    from msgcore.models.mixrep import MixRepTrainer
     from msgcore.models.trice import TriceTransformer
 
     seen = []
     real = runcache.module_syntax
     monkeypatch.setattr(runcache, "module_syntax", lambda name: seen.append(name) or real(name))
     runcache.code_fingerprint(TriceTransformer, MixRepTrainer)
-    assert {"msgcore.models.trice", "msgcore.model", "msgcore.experiments.mixrep", "msgcore.trainer"} <= set(seen)
+    assert {"msgcore.models.trice", "msgcore.model", "msgcore.models.mixrep", "msgcore.trainer"} <= set(seen)
     assert set(runcache.NUMERICS_MODULES) <= set(seen)
 
 
@@ -101,7 +101,7 @@ def test_comments_and_docstrings_do_not_change_the_code_key():
 @pytest.mark.parametrize("change", ["trainer class", "precision", "precision resolved by the device", "sdpa backend",
                                     "torch version"])
 def test_the_trainer_class_precision_backend_and_torch_version_are_in_the_key(toy, monkeypatch, change):
-    from msgcore.experiments.mixrep import MixRepTrainer
+    from msgcore.models.mixrep import MixRepTrainer
 
     before = key_of(toy)
     if change == "trainer class":
@@ -269,6 +269,30 @@ def test_cached_artifact_is_built_once(monkeypatch):
     assert runcache.cached_artifact("toy", {"k": 1}, build) == {"ids": [[1, 2], [3]]}
     runcache.cached_artifact("toy", {"k": 2}, build)
     assert len(calls) == 2
+
+
+def curve_run(value):
+    return value["history"], value["wall_time_s"]
+
+
+def test_a_training_artefact_keeps_its_log_and_its_whole_wall_time():
+    value = {"history": [{"kind": "train", "step": 10}], "wall_time_s": 3600.0, "weights": torch.ones(2)}
+    runcache.cached_artifact("curve", {"k": 1}, lambda: value, training=curve_run)
+    entry = runcache.artifact_entry("curve", {"k": 1})
+    meta, problem = runcache.verified(entry)
+    assert problem is None and set(meta["files"]) == {"artifact.pt", "log.json"}
+    assert meta["wall_time_s"] == 3600.0  # the run's, an interrupted build's earlier processes included
+    assert json.loads((entry / "log.json").read_text()) == value["history"]
+
+
+def test_a_training_artefact_finished_without_its_log_gets_it_when_read():
+    value = {"history": [{"kind": "valid", "step": 5}], "wall_time_s": 99.0}
+    runcache.cached_artifact("curve", {"k": 2}, lambda: value)  # an entry finished before artefacts kept their log
+    entry = runcache.artifact_entry("curve", {"k": 2})
+    assert "log.json" not in runcache.verified(entry)[0]["files"]
+    assert runcache.cached_artifact("curve", {"k": 2}, lambda: pytest.fail("rebuilt"), training=curve_run) == value
+    meta, problem = runcache.verified(entry)
+    assert problem is None and meta["wall_time_s"] == 99.0 and "log.json" in meta["files"]
 
 
 def test_cache_can_be_turned_off(toy, tmp_path, monkeypatch):

@@ -282,6 +282,8 @@ def train_with_curve(model: CoverageNAT, data: TranslationData, train_cfg: Train
             if stop <= trainer.state.step:
                 continue  # done before an interruption
             trainer.cfg = replace(train_cfg, max_steps=min(stop, train_cfg.max_steps))
+            if trainer.done():  # early-stopped at the end of the chunk before
+                break
             trainer.train()
             point()
             if trainer.done() and trainer.state.step < trainer.cfg.max_steps:  # early stopping
@@ -292,10 +294,17 @@ def train_with_curve(model: CoverageNAT, data: TranslationData, train_cfg: Train
         return {"model": trainer.model.state_dict(), "history": history, "curve": curve,
                 "wall_time_s": wall, "device": str(device)}
 
-    stored = runcache.cached_artifact("natcurve", key, build)
+    stored = runcache.cached_artifact("natcurve", key, build,
+                                      training=lambda value: (value["history"], value["wall_time_s"]))
     model.load_state_dict(stored["model"])
     run = RunResult(model.to(device).eval(), stored["history"], stored["wall_time_s"], Path(out_dir), reused=reused)
-    return NATRun(run, stored["curve"])
+    return NATRun(run, one_point_per_step(stored["curve"]))
+
+
+def one_point_per_step(curve: list[dict]) -> list[dict]:
+    """The curve with one point per update. A run that early-stopped at the end of a chunk once went on to decode
+    the same model again (the loop now stops there): its stored curve holds that last point twice."""
+    return [point for i, point in enumerate(curve) if i == 0 or point["step"] != curve[i - 1]["step"]]
 
 
 def resume_curve(trainer: Trainer, work: Path) -> tuple[list[dict] | None, float]:
