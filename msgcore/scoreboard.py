@@ -189,6 +189,8 @@ def plain_reason(claim: dict) -> str:
     if verdict == "not reproduced":
         return "the effect points the other way" if "the other way" in reason else \
             "no effect of the paper's size" if "inside ±" in reason else "short of the paper's level"
+    if reason.startswith("under-trained") and "cannot resolve" in reason:
+        return "dev set too noisy to show a plateau"  # the runs stopped; their dev set cannot certify it
     return next((plain for start, plain in PLAIN_REASONS if reason.startswith(start)), reason.split(":")[0])
 
 

@@ -142,6 +142,11 @@ def test_plain_reasons_and_cells_without_literal_backticks() -> None:
         "not run at this scale"
     assert scoreboard.plain_reason(claim(V.NOT_DECIDED, "below floor: A 1.0 vs copy 2.0")) == \
         "a system no better than a trivial output"
+    assert scoreboard.plain_reason(claim(V.NOT_DECIDED, "under-trained: A seed 0: phase 1: dev +1.20 over updates "
+                                                        "3,000–4,000 (tolerance 0.30)")) == "runs still improving"
+    assert scoreboard.plain_reason(claim(V.NOT_DECIDED, "under-trained: A seed 0: phase 1: the dev set cannot resolve "
+                                                        "0.31 (its noise is ±0.33)")) == \
+        "dev set too noisy to show a plateau"
     assert scoreboard.plain_reason(claim(V.INDICATIVE, "1 seed (a verdict needs 3): leans towards the claim")) == \
         "1 seed (a verdict needs 3)"
     assert scoreboard.plain_reason(claim(V.NOT_REPRODUCED, "delta -1.0 ...: the other way")) == \
