@@ -358,3 +358,22 @@ def test_chapter1s_figure_says_when_it_is_stale(tmp_path):
     current = P.chapter1_trice(path)
     assert current["stale"] == [] and P.chapter1_label(current) == "TRICE (chapter 1 at smoke, same split)"
     assert P.chapter1_trice(tmp_path / "missing.json") is None
+
+
+def test_only_the_advice_to_detokenize_is_dropped(caplog):
+    """APE text is tokenized as the shared task distributes it: sacreBLEU's advice to detokenize is dropped, and
+    every other sacreBLEU message still reaches the log."""
+    import logging
+    sacrebleu_log, lines = logging.getLogger("sacrebleu"), ["ein kleiner test ."] * 120
+    with caplog.at_level(logging.WARNING, logger="sacrebleu"):
+        corpus_score("bleu", lines, lines)
+    assert any("detokenize" in r.getMessage() for r in caplog.records)  # sacreBLEU gives the advice unfiltered
+    caplog.clear()
+    sacrebleu_log.addFilter(P.TOKENIZED_TEXT_ADVICE)
+    try:
+        with caplog.at_level(logging.WARNING, logger="sacrebleu"):
+            corpus_score("bleu", lines, lines)
+            sacrebleu_log.warning("another warning")
+        assert [r.getMessage() for r in caplog.records] == ["another warning"]
+    finally:
+        sacrebleu_log.removeFilter(P.TOKENIZED_TEXT_ADVICE)

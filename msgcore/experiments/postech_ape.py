@@ -22,6 +22,7 @@ with word-level errors (drop, substitute, swap), so copying mt is a real baselin
 """
 from __future__ import annotations
 
+import logging
 import random
 import statistics
 from collections import Counter
@@ -314,6 +315,18 @@ class Chapter:
         return self.denoiser.tokenizer
 
 
+class TokenizedTextAdvice(logging.Filter):
+    """Drops sacreBLEU's advice to detokenize. The APE data is tokenized, as the shared task distributes it, and
+    the shared task scores APE (TER, BLEU) on that tokenized text, so the advice does not apply to this chapter."""
+    ADVICE = ("tokenized period", "forgot to detokenize", "suppress this message with the `force` parameter")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(advice in record.getMessage() for advice in self.ADVICE)
+
+
+TOKENIZED_TEXT_ADVICE = TokenizedTextAdvice()
+
+
 def check_options(scale_name: str, seed: int) -> PostechScale:
     """The scale, or a one-line error before any work."""
     scale = get_scale(POSTECH_SCALES, scale_name)
@@ -327,6 +340,7 @@ def check_options(scale_name: str, seed: int) -> PostechScale:
 def start_chapter(scale_name: str, device: torch.device, out_dir: str | Path, seed: int = 0) -> Chapter:
     """The shared cached denoiser, the APE task in its layout, and the filtered synthetic triplets."""
     scale = check_options(scale_name, seed)
+    logging.getLogger("sacrebleu").addFilter(TOKENIZED_TEXT_ADVICE)  # adding it twice keeps one copy
     denoiser = pretrained_denoiser(scale.denoiser_scale, device, seed, Path(out_dir) / "denoiser")
     ch = Chapter(scale, scale_name, denoiser, device, Path(out_dir), seed)
     parts = [synthetic_mt(c, seed, scale.max_error_rate, scale.synthetic_per_source)
