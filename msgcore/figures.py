@@ -106,7 +106,6 @@ def architecture(model: nn.Module, title: str | None = None, flows: dict[str, li
     """A matplotlib figure of `model`'s stacks, side by side, with an arrow from each stack in `flows[name]` to
     stack `name` (see the module docstring)."""
     import matplotlib.pyplot as plt
-    from matplotlib.patches import FancyArrowPatch
 
     columns = stacks(model)
     if not columns:
@@ -116,6 +115,13 @@ def architecture(model: nn.Module, title: str | None = None, flows: dict[str, li
 
     height = max(sum(lines(t) * LINE + GAP for t in [*s.below, *(t for t, _ in s.layers), *s.above]) + 0.5 * len(s.layers)
                  for s in columns) + 1.2
+    position = {stack.name: x for x, stack in enumerate(columns)}
+    for target, sources in (flows or {}).items():
+        for source in sources:
+            if source not in position or target not in position:
+                raise ValueError(f"flows names {source!r} -> {target!r}; the stacks are {', '.join(position)}")
+    skips = any(abs(position[t] - position[s]) > 1 for t, sources in (flows or {}).items() for s in sources)
+    height += OVER if skips else 0.0  # room for an arrow drawn over the stack names it passes
     fig, ax = plt.subplots(figsize=(4.4 * len(columns), 0.42 * height + 0.8))
     ax.set_xlim(0, len(columns))
     ax.set_ylim(0, height)
@@ -131,15 +137,9 @@ def architecture(model: nn.Module, title: str | None = None, flows: dict[str, li
             y = box(ax, x + 0.5, y, text, "#e8eef7")
         ax.text(x + 0.5, y, stack.name, ha="center", va="bottom", fontsize=10, fontweight="bold")
         tops.append(y)
-    position = {stack.name: x for x, stack in enumerate(columns)}
     for target, sources in (flows or {}).items():
         for source in sources:
-            if source not in position or target not in position:
-                raise ValueError(f"flows names {source!r} -> {target!r}; the stacks are {', '.join(position)}")
-            x, y = position[source], position[target]
-            ax.add_patch(FancyArrowPatch((x + (0.85 if y > x else 0.15), tops[x] - GAP), (y + (0.15 if y > x else 0.85),
-                                         tops[y] / 2), arrowstyle="-|>", mutation_scale=12, color="#555555",
-                                         connectionstyle="arc3,rad=-0.25", zorder=4))  # over the boxes
+            ax.add_patch(flow_arrow(position[source], position[target], tops))
     if title:
         ax.set_title(title)
     fig.tight_layout()
@@ -147,6 +147,28 @@ def architecture(model: nn.Module, title: str | None = None, flows: dict[str, li
 
 
 LINE, GAP = 0.42, 0.35  # the height of a text line and the gap between two boxes, in axis units
+NAME = 0.4  # the height of a stack's name
+OVER = 1.2  # the headroom, in axis units, of an arrow that passes over the stacks' names
+
+
+def flow_arrow(source: int, target: int, tops: list[float]):
+    """The arrow from column `source` to column `target`: between neighbours, from the source's top box to the middle
+    of the target's stack; past a column in between, from above the source's name over every name to above the
+    target's, so that it crosses no box and no name."""
+    from matplotlib.patches import FancyArrowPatch
+    from matplotlib.path import Path
+
+    style = dict(arrowstyle="-|>", mutation_scale=12, color="#555555", zorder=4)  # over the boxes
+    rightwards = target > source
+    if abs(target - source) == 1:
+        return FancyArrowPatch((source + (0.85 if rightwards else 0.15), tops[source] - GAP),
+                               (target + (0.15 if rightwards else 0.85), tops[target] / 2),
+                               connectionstyle="arc3,rad=-0.25", **style)
+    above = NAME + 0.1  # just above a stack's name
+    top = max(tops) + above + OVER / 2  # the level at which it passes over every name
+    path = Path([(source + 0.5, tops[source] + above), (source + 0.5, top), (target + 0.5, top),
+                 (target + 0.5, tops[target] + above)], [Path.MOVETO, Path.LINETO, Path.LINETO, Path.LINETO])
+    return FancyArrowPatch(path=path, **style)
 
 
 def box(ax, x: float, y: float, text: str, color: str) -> float:

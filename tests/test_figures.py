@@ -59,3 +59,24 @@ def test_every_papers_model_has_its_stacks_found_and_postechs_joint_encoder_has_
     # a layer's per-stream LayerNorms are residual plumbing like a plain LayerNorm: no line of their own
     layer_text = mixrep.layers[0][0]
     assert "norm" not in layer_text.lower() and "self_attn: bpe:" in layer_text
+
+
+def test_an_arrow_past_a_stack_in_between_passes_over_every_stack_name():
+    """POSTECH's decoder reads the src encoder across the mt encoder's column: that arrow rises from above the src
+    stack's name, crosses above every name, and comes down onto the decoder's; the neighbours' arrow stays below."""
+    from matplotlib.path import Path
+
+    from msgcore import figures
+    from msgcore.models.postech_ape import PostechAPE, PostechConfig
+
+    dims = dict(vocab_size=60, d_model=32, n_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, pad_id=0)
+    fig = architecture(PostechAPE(PostechConfig(**dims)), flows={"decoder": ["encoder.src_layers", "encoder.mt_layers"]})
+    ax = fig.axes[0]
+    names = {t.get_text(): t.get_position()[1] for t in ax.texts if t.get_text() in ("encoder.src_layers",
+                                                                                     "encoder.mt_layers", "decoder")}
+    past, neighbours = ([(x, y) for (x, y, *_), code in p.get_path().iter_segments(simplify=False)
+                         if code != Path.CLOSEPOLY] for p in ax.patches)
+    assert min(y for _, y in past) >= names["encoder.src_layers"] + figures.NAME  # never down through a name or box
+    assert max(y for _, y in past) > max(names.values()) + figures.NAME  # over every name
+    assert ax.get_ylim()[1] > max(y for _, y in past)  # inside the figure, not clipped
+    assert max(y for _, y in neighbours) < names["decoder"]  # between neighbours: into the stack, under its name
