@@ -102,12 +102,14 @@ def group_layers(layers: nn.ModuleList) -> list[tuple[str, int]]:
     return grouped
 
 
-def architecture(model: nn.Module, title: str | None = None, flows: dict[str, list[str]] | None = None):
+def architecture(model: nn.Module, title: str | None = None, flows: dict[str, list[str]] | None = None,
+                 order: list[str] | None = None):
     """A matplotlib figure of `model`'s stacks, side by side, with an arrow from each stack in `flows[name]` to
-    stack `name` (see the module docstring)."""
+    stack `name` (see the module docstring). The columns follow the modules' declaration order, or `order`, which
+    names every stack once (TRICE declares its fine encoder after the decoder, but reads it between the two)."""
     import matplotlib.pyplot as plt
 
-    columns = stacks(model)
+    columns = ordered(stacks(model), order)
     if not columns:
         raise ValueError(f"{type(model).__name__} has no layer stack (no module holds a ModuleList of layers)")
     def lines(text: str) -> int:
@@ -144,6 +146,16 @@ def architecture(model: nn.Module, title: str | None = None, flows: dict[str, li
         ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+def ordered(columns: list[Stack], order: list[str] | None) -> list[Stack]:
+    """`columns` in the given order of their names, which must name each of them once."""
+    if order is None:
+        return columns
+    names = [stack.name for stack in columns]
+    if sorted(order) != sorted(names):
+        raise ValueError(f"order must name each stack once; the stacks are {', '.join(names)}")
+    return sorted(columns, key=lambda stack: order.index(stack.name))
 
 
 LINE, GAP = 0.42, 0.35  # the height of a text line and the gap between two boxes, in axis units

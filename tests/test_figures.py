@@ -80,3 +80,19 @@ def test_an_arrow_past_a_stack_in_between_passes_over_every_stack_name():
     assert max(y for _, y in past) > max(names.values()) + figures.NAME  # over every name
     assert ax.get_ylim()[1] > max(y for _, y in past)  # inside the figure, not clipped
     assert max(y for _, y in neighbours) < names["decoder"]  # between neighbours: into the stack, under its name
+
+
+def test_columns_follow_a_given_order_that_names_every_stack_once():
+    """TRICE declares its fine encoder after the decoder; its figure reads encoder, fine encoder, decoder."""
+    from msgcore.models.trice import TriceConfig, TriceTransformer
+
+    model = TriceTransformer(TriceConfig(vocab_size=60, d_model=32, n_heads=4, d_ff=64, encoder_layers=2,
+                                         decoder_layers=2, pad_id=0))
+    fig = architecture(model, order=["encoder", "fine_encoder", "decoder"])
+    names = sorted((t.get_position()[0], t.get_text()) for t in fig.axes[0].texts
+                   if t.get_text() in ("encoder", "fine_encoder", "decoder"))
+    assert [name for _, name in names] == ["encoder", "fine_encoder", "decoder"]
+    for order in (["encoder", "decoder"], ["encoder", "decoder", "decoder", "fine_encoder"],
+                  ["encoder", "decoder", "fine_coder"]):
+        with pytest.raises(ValueError, match="order must name each stack once; the stacks are encoder, decoder"):
+            architecture(model, order=order)
