@@ -172,6 +172,35 @@ def page_line(elapsed_minutes: float, rows: list[dict], scale: str, device_type:
             f"minutes and the measured GPU rates (the performance appendix shows how).")
 
 
+def minutes_per_update(cost: dict, r: Rates | None = None, logs: Path | None = None) -> float | str:
+    """One H100-class GPU's minutes per training update of a chapter, all its other work (validations, decoding, the
+    page itself) spread over its updates, from the cost its notebook recorded (`msgcore.book.record_cost`): measured
+    where a GPU executed it, else the estimate; or why there is none."""
+    built = cost.get("built", [])
+    part = split(own_minutes(cost["minutes"], built), cost["reused"] + built, logs)
+    if isinstance(part, str):
+        return part
+    if not part.updates:
+        return "no training updates on record"
+    if cost.get("device type") == "cuda":
+        return cost["cold minutes"] / part.updates
+    if cost["scale"] not in RECIPE_BATCH:
+        return f"no GPU estimate at scale {cost['scale']!r}"
+    return gpu_minutes(part, r or rates(), *RECIPE_BATCH[cost["scale"]])["H100-class GPU"] / part.updates
+
+
+def recorded_cost(stem: str, root: Path = REPO_ROOT) -> dict | None:
+    """The cost a chapter's committed notebook recorded when it was executed (None: none recorded, or no notebook)."""
+    import nbformat
+
+    from msgcore.book import find_chapters
+
+    path = find_chapters(root).get(stem)
+    if path is None:
+        return None
+    return nbformat.read(path, as_version=4).metadata.get("msgcore", {}).get("cost")
+
+
 # ---- the appendix's tables ------------------------------------------------------------------------------------------
 
 def rates_table(r: Rates):

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 from msgcore.utils import MsgcoreError, atomic_write
-from msgcore.verdicts import DECIDED, VERDICTS, ProtocolError, cell_html, claim_from_dict, load_json, \
+from msgcore.verdicts import DECIDED, MIN_SEEDS, NOT_RUN, VERDICTS, ProtocolError, cell_html, claim_from_dict, load_json, \
     observed_interval, system_from_dict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -177,6 +178,7 @@ PLAIN_REASONS = (
 PLAIN_VERDICT_REASONS = {"reproduced": "", "smaller effect": "smaller than half the paper's effect",
                          "inconclusive": "the interval is too wide to tell"}
 TOWARDS, AGAINST = "towards the paper", "against the paper"
+GPU_COLUMN = "GPU-minutes to decide"  # one H100-class GPU, the seeds side by side, from scratch: an estimate
 
 
 def plain_reason(claim: dict) -> str:
@@ -224,19 +226,98 @@ def ours_text(claim: dict, systems: dict) -> str:
     return f"{what}{mean:+.2f} {metric}, 95% CI [{low:+.2f}, {high:+.2f}]".replace("  ", " ")
 
 
-def chapter_claims(stem: str, data: dict):
+def stage_key(stage) -> tuple:
+    """A training stage as the same work wherever it appears, under whatever name a system gives it: its updates,
+    its tokens and its dev curve."""
+    return stage.updates, stage.source_tokens, stage.target_tokens, stage.dev_curve
+
+
+def seedless_stages(systems: dict) -> set[tuple]:
+    """The stages that do not depend on the seed (a pre-training every seed starts from): those found in the runs
+    of two different seeds, in any of the chapter's systems."""
+    seeds_of: dict[tuple, set[int]] = {}
+    for system in systems.values():
+        for run in system.runs:
+            for stage in run.stages:
+                seeds_of.setdefault(stage_key(stage), set()).add(run.seed)
+    return {key for key, seeds in seeds_of.items() if len(seeds) > 1}
+
+
+def updates_to_decide(claim: dict, systems: dict, seedless: set[tuple]) -> int:
+    """The training updates a verdict on a claim rests on: every stage of its system's and its baseline's runs,
+    each counted once (a stage the two share, or that every seed starts from), and the stages that depend on the
+    seed scaled up to the seeds the protocol asks where a system has fewer."""
+    declaration = claim.get("declaration") or {}
+    counted, total = set(), 0.0
+    for name in (declaration.get("system"), declaration.get("baseline")):
+        system = systems.get(name)
+        if system is None or system.floor or not system.runs:
+            continue
+        more_seeds = max(declaration.get("min_seeds", MIN_SEEDS) / len(system.runs), 1.0)
+        for stage in (stage for run in system.runs for stage in run.stages):
+            if stage_key(stage) not in counted:
+                counted.add(stage_key(stage))
+                total += stage.updates * (1.0 if stage_key(stage) in seedless else more_seeds)
+    return round(total)
+
+
+DECLARED_RUNS = re.compile(r"(\d+) runs × ([\d,]+) updates")  # verdicts.cpu_hours' wording, in a declared cost
+
+
+def declared_updates(claim: dict) -> tuple[int, bool]:
+    """A claim not run here: the updates of the runs its declared cost names (`verdicts.cpu_hours`, "3 runs × 2,928
+    updates"), and whether part of that cost was not measured."""
+    reason = claim.get("reason", "")
+    updates = sum(int(runs) * int(each.replace(",", "")) for runs, each in DECLARED_RUNS.findall(reason))
+    return updates, "not measured" in reason
+
+
+def chapter_rate(stem: str) -> float | str:
+    """One H100-class GPU's minutes per training update of a chapter, everything else its execution did included
+    (msgcore.costs.minutes_per_update), or why there is none."""
+    from msgcore import costs
+
+    cost = costs.recorded_cost(stem)
+    if cost is None:
+        return "its notebook recorded no cost"
+    try:
+        return costs.minutes_per_update(cost)
+    except MsgcoreError as e:  # a benchmark report is missing
+        return str(e)
+
+
+def decide_cost(claim: dict, systems: dict, seedless: set[tuple], per_update: float | str) -> str:
+    """What deciding a claim costs, in minutes of one H100-class GPU with the seeds side by side, from scratch (an
+    estimate): its updates at its chapter's minutes per update, those of its runs (`updates_to_decide`), or, for a
+    claim not run here, those its declared cost names (`declared_updates`); "> N" where that is a lower bound (runs
+    that had not shown they converged, a cost not measured); '–' without updates or a rate."""
+    if claim["verdict"] == NOT_RUN:
+        updates, lower_bound = declared_updates(claim)
+    else:
+        updates, lower_bound = updates_to_decide(claim, systems, seedless), claim.get("converged") is False
+    if isinstance(per_update, str) or not updates:
+        return "–"
+    minutes = max(round(updates * per_update), 1)
+    return f"> {minutes}" if lower_bound else f"≈ {minutes}"
+
+
+def chapter_claims(stem: str, data: dict, per_update: float | str | None = None):
     """One chapter's claims, a row each: the claim, the paper's figure, ours with its interval, which way ours
-    points, the verdict (marked when the chapter's results are stale) and why, in plain words."""
+    points, the verdict (marked when the chapter's results are stale), why, in plain words, and what deciding it
+    costs on a GPU (`decide_cost`; `per_update`: the chapter's GPU minutes per update, default `chapter_rate`)."""
     import pandas as pd
 
     systems = {}
     if data.get("protocol") is not None:
         systems = {d["name"]: system_from_dict(d) for d in data["systems"] if "measures" in d}
+    per_update = chapter_rate(stem) if per_update is None else per_update
+    seedless = seedless_stages(systems)
     mark = "" if not stale(stem, data) else " (stale)"
     rows = [{"claim": f"{c['id']}: {c['claim']}", "paper": c["paper"], "ours": ours_text(c, systems),
-             "ours points": direction(c), "verdict": c["verdict"] + mark, "why": plain_reason(c)}
+             "ours points": direction(c), "verdict": c["verdict"] + mark, "why": plain_reason(c),
+             GPU_COLUMN: decide_cost(c, systems, seedless, per_update)}
             for c in data["claims"]]
-    return pd.DataFrame(rows, columns=["claim", "paper", "ours", "ours points", "verdict", "why"])
+    return pd.DataFrame(rows, columns=["claim", "paper", "ours", "ours points", "verdict", "why", GPU_COLUMN])
 
 
 def chapter_summary(stem: str, data: dict) -> str:

@@ -137,3 +137,14 @@ def test_a_page_that_trained_its_runs_counts_them_once(tmp_path: Path, monkeypat
     # 7 minutes of which 5 trained run-a: the same estimate as a warm page of 2 minutes that reused it
     assert costs.page_line(7.0, trained_now, "small", "cpu") == costs.page_line(2.0, warm, "small", "cpu")
     assert "H100-class GPU" in costs.page_line(2.0, warm, "small", "cpu")
+
+
+def test_minutes_per_update_spreads_a_chapter_over_its_updates(tmp_path: Path) -> None:
+    write_log(tmp_path, "run-a", steady_log(updates=400, seconds_per_update=0.6))
+    cpu = {"scale": "small", "minutes": 3.0, "device type": "cpu", "reused": [{"entry": "run-a", "minutes": 5.0}],
+           "cold minutes": 8.0}
+    whole = costs.gpu_minutes(costs.split(3.0, cpu["reused"], tmp_path), RATES, "small", 2048)["H100-class GPU"]
+    assert costs.minutes_per_update(cpu, RATES, tmp_path) == pytest.approx(whole / 400)
+    assert costs.minutes_per_update({**cpu, "device type": "cuda"}, RATES, tmp_path) == pytest.approx(8.0 / 400)
+    assert costs.minutes_per_update({**cpu, "scale": "smoke"}, RATES, tmp_path) == "no GPU estimate at scale 'smoke'"
+    assert costs.minutes_per_update({**cpu, "reused": []}, RATES, tmp_path) == "no training updates on record"

@@ -158,3 +158,31 @@ def test_plain_reasons_and_cells_without_literal_backticks() -> None:
     page = scoreboard.chapter_sections(scoreboard.load_results())
     assert "`" not in page and page.count("</details>") == \
         sum(bool(data["claims"]) for data in scoreboard.load_results().values())
+
+
+def test_the_gpu_cost_of_deciding_counts_shared_work_once_and_scales_missing_seeds() -> None:
+    """A pre-training every seed starts from counts once, under whatever name a system gives it; the seed's own
+    stages of a system with fewer seeds than a verdict needs are scaled up to 3 seeds."""
+    pretraining = lambda name: V.Stage(name, ((500, 10.0), (1000, 12.0)), 1000, 90_000, 80_000)
+    finetuning = lambda seed, updates: V.Stage("fine-tuning", ((updates, 30.0 + seed),), updates, 9_000, 8_000)
+    three = V.System("A", {"test": {"BLEU": V.Measure({0: 1.0, 1: 1.0, 2: 1.0})}},
+                     tuple(V.RunRecord(s, (pretraining("pre-training"), finetuning(s, 200))) for s in range(3)))
+    one = V.System("B", {"test": {"BLEU": V.Measure({0: 1.0})}},
+                   (V.RunRecord(0, (pretraining("B, pre-training"), finetuning(5, 100))),))
+    systems = {"A": three, "B": one}
+    claim = {"verdict": V.INDICATIVE, "converged": True, "declaration": {"system": "A", "baseline": "B", "min_seeds": 3}}
+    seedless = scoreboard.seedless_stages(systems)
+    assert scoreboard.updates_to_decide(claim, systems, seedless) == 1000 + 3 * 200 + 3 * 100
+    assert scoreboard.decide_cost(claim, systems, seedless, per_update=0.01) == "≈ 19"
+    assert scoreboard.decide_cost({**claim, "converged": False}, systems, seedless, 0.01) == "> 19"  # needs more
+    assert scoreboard.decide_cost(claim, systems, seedless, "its notebook recorded no cost") == "–"
+
+
+def test_the_gpu_cost_of_a_claim_not_run_is_read_from_its_declared_cost() -> None:
+    declared = f"not run at this scale (A); A: {V.cpu_hours(3, 2_500, 0.5)}; B: {V.cpu_hours(3, 1_000, 0.5)}"
+    claim = {"verdict": V.NOT_RUN, "reason": declared, "declaration": {"system": "A", "baseline": "B"}}
+    assert scoreboard.declared_updates(claim) == (10_500, False)
+    assert scoreboard.decide_cost(claim, {}, set(), per_update=0.002) == "≈ 21"
+    partly = {**claim, "reason": declared + "; C: cost not measured"}
+    assert scoreboard.decide_cost(partly, {}, set(), per_update=0.002) == "> 21"
+    assert scoreboard.decide_cost({**claim, "reason": "needs real machine translations"}, {}, set(), 0.002) == "–"
