@@ -7,7 +7,7 @@ Each page is loaded from a scratch copy of the HTML folder with one script added
 and reports, per width:
 
 - a table wider than its column (it would scroll sideways, or run off the page), and a table whose first column is
-  cut off;
+  cut off, folded tables (`<details>`) unfolded as a reader would;
 - a page that scrolls sideways as a whole (an equation, a figure or a line of text wider than the screen);
 - source code that soft-wraps (its indentation is lost) instead of scrolling;
 - Markdown backticks shown literally in text;
@@ -53,6 +53,7 @@ window.addEventListener("load", () => setTimeout(() => {
   const main = document.querySelector("main") || document.body;
   const label = (el) => (el.innerText || "").trim().replace(/\s+/g, " ").slice(0, 60);
   const visible = (el) => el.getClientRects().length > 0;
+  document.querySelectorAll("details").forEach((folded) => { folded.open = true; });  // what a reader unfolds
   main.querySelectorAll("table").forEach((table, i) => {
     if (!visible(table)) return;
     const box = table.getBoundingClientRect();

@@ -13,12 +13,15 @@ BAD_PAGE = f"""<!DOCTYPE html><html><head><meta name="viewport" content="width=d
 <style>table {{ border-collapse: collapse }} td {{ white-space: nowrap }}</style></head><body><main>
 <table><thead><tr>{''.join(f'<th>column {i}</th>' for i in range(12))}</tr></thead>
 <tbody><tr>{''.join(f'<td>value-{i}-wide</td>' for i in range(12))}</tr></tbody></table>
+<details><summary>folded</summary><table><tbody><tr>{''.join(f'<td>folded-{i}-wide</td>' for i in range(12))}</tr>
+</tbody></table></details>
 <p>the `small` scale</p><p>BLEU nan</p><p>data in <code>~/.cache/msgcore/data</code> by default</p>
 <div class="cell_output"><pre>resuming ~/.cache/runs/abc</pre><pre>cache at /home/someone/.cache/msgcore</pre></div>
 <div class="highlight-python"><pre style="white-space: pre-wrap">def f():\n    {LONG}\n</pre></div>
 </main></body></html>"""
 CLEAN_PAGE = """<!DOCTYPE html><html><head><meta name="viewport" content="width=device-width, initial-scale=1"></head>
 <body><main><table><thead><tr><th>a</th><th>b</th></tr></thead><tbody><tr><td>1</td><td>2</td></tr></tbody></table>
+<details><summary>folded</summary><table><tbody><tr><td>1</td><td>2</td></tr></tbody></table></details>
 <p>the <code>small</code> scale: nanoGPT, a finance note, BLEU –</p>
 <div class="highlight-python"><pre style="white-space: pre; overflow-x: auto">def f():\n    return 1\n</pre></div>
 </main></body></html>"""
@@ -57,6 +60,7 @@ def test_chromium_finds_each_defect_at_a_phone_width_and_nothing_on_a_clean_page
     findings = pagecheck.check_book(book(tmp_path, bad=BAD_PAGE, clean=CLEAN_PAGE), widths=(400,))
     assert {f.page for f in findings} == {"bad.html"}
     kinds = {f.kind for f in findings}
+    assert [f.where.split(" (")[0] for f in findings if f.kind == "wide table"] == ["table 1", "table 2"]  # the folded one too
     assert {"wide table", "literal backticks", "nan", "machine path", "code soft-wraps"} <= kinds
     paths = [f.detail for f in findings if f.kind == "machine path"]
     assert sorted(paths) == ["/home/someone/.cache/msgcore", "~/.cache/runs/abc"] and findings[0].width == 400
