@@ -201,6 +201,23 @@ def recorded_cost(stem: str, root: Path = REPO_ROOT) -> dict | None:
     return nbformat.read(path, as_version=4).metadata.get("msgcore", {}).get("cost")
 
 
+def chapter_rate(stem: str, root: Path = REPO_ROOT) -> float | str:
+    """One H100-class GPU's minutes per training update of a committed chapter (`minutes_per_update` of the cost its
+    notebook recorded), or why there is none."""
+    cost = recorded_cost(stem, root)
+    if cost is None:
+        return "its notebook recorded no cost"
+    try:
+        return minutes_per_update(cost)
+    except MsgcoreError as e:  # a benchmark report is missing
+        return str(e)
+
+
+def chapter_rates(stems, root: Path = REPO_ROOT) -> dict[str, float | str]:
+    """`chapter_rate` of each chapter: what the scoreboard's "GPU-minutes to decide" multiplies by."""
+    return {stem: chapter_rate(stem, root) for stem in stems}
+
+
 # ---- the appendix's tables ------------------------------------------------------------------------------------------
 
 def rates_table(r: Rates):

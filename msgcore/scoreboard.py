@@ -179,6 +179,7 @@ PLAIN_VERDICT_REASONS = {"reproduced": "", "smaller effect": "smaller than half 
                          "inconclusive": "the interval is too wide to tell"}
 TOWARDS, AGAINST = "towards the paper", "against the paper"
 GPU_COLUMN = "GPU-minutes to decide"  # one H100-class GPU, the seeds side by side, from scratch: an estimate
+NO_RATE = "no GPU minutes per update given"  # the rates come from msgcore.costs (`chapter_rates`)
 
 
 def plain_reason(claim: dict) -> str:
@@ -272,20 +273,6 @@ def declared_updates(claim: dict) -> tuple[int, bool]:
     return updates, "not measured" in reason
 
 
-def chapter_rate(stem: str) -> float | str:
-    """One H100-class GPU's minutes per training update of a chapter, everything else its execution did included
-    (msgcore.costs.minutes_per_update), or why there is none."""
-    from msgcore import costs
-
-    cost = costs.recorded_cost(stem)
-    if cost is None:
-        return "its notebook recorded no cost"
-    try:
-        return costs.minutes_per_update(cost)
-    except MsgcoreError as e:  # a benchmark report is missing
-        return str(e)
-
-
 def decide_cost(claim: dict, systems: dict, seedless: set[tuple], per_update: float | str) -> str:
     """What deciding a claim costs, in minutes of one H100-class GPU with the seeds side by side, from scratch (an
     estimate): its updates at its chapter's minutes per update, those of its runs (`updates_to_decide`), or, for a
@@ -301,16 +288,15 @@ def decide_cost(claim: dict, systems: dict, seedless: set[tuple], per_update: fl
     return f"> {minutes}" if lower_bound else f"≈ {minutes}"
 
 
-def chapter_claims(stem: str, data: dict, per_update: float | str | None = None):
+def chapter_claims(stem: str, data: dict, per_update: float | str = NO_RATE):
     """One chapter's claims, a row each: the claim, the paper's figure, ours with its interval, which way ours
     points, the verdict (marked when the chapter's results are stale), why, in plain words, and what deciding it
-    costs on a GPU (`decide_cost`; `per_update`: the chapter's GPU minutes per update, default `chapter_rate`)."""
+    costs on a GPU (`decide_cost`; `per_update`: the chapter's GPU minutes per update, `costs.chapter_rate`)."""
     import pandas as pd
 
     systems = {}
     if data.get("protocol") is not None:
         systems = {d["name"]: system_from_dict(d) for d in data["systems"] if "measures" in d}
-    per_update = chapter_rate(stem) if per_update is None else per_update
     seedless = seedless_stages(systems)
     mark = "" if not stale(stem, data) else " (stale)"
     rows = [{"claim": f"{c['id']}: {c['claim']}", "paper": c["paper"], "ours": ours_text(c, systems),
@@ -352,8 +338,9 @@ def html_table(frame) -> str:
     return f'<table class="msgcore-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def chapter_sections(results: dict[str, dict]) -> str:
-    """The scoreboard page's body as HTML: per chapter, its one-line summary, then its claims folded away."""
+def chapter_sections(results: dict[str, dict], rates: dict[str, float | str] | None = None) -> str:
+    """The scoreboard page's body as HTML: per chapter, its one-line summary, then its claims folded away (`rates`:
+    each chapter's GPU minutes per update, `costs.chapter_rates`, for what deciding each claim costs)."""
     sections = []
     for stem, data in results.items():
         line = chapter_summary(stem, data)[len(data["chapter"]) + 2:]
@@ -361,7 +348,7 @@ def chapter_sections(results: dict[str, dict]) -> str:
                         f'{cell_html(line)}</p>')
         if data["claims"]:
             sections.append(f'<details class="msgcore-claims"><summary>its {len(data["claims"])} claims</summary>'
-                            f'{html_table(chapter_claims(stem, data))}</details>')
+                            f'{html_table(chapter_claims(stem, data, (rates or {}).get(stem, NO_RATE)))}</details>')
     return "\n".join(sections)
 
 

@@ -148,3 +148,18 @@ def test_minutes_per_update_spreads_a_chapter_over_its_updates(tmp_path: Path) -
     assert costs.minutes_per_update({**cpu, "device type": "cuda"}, RATES, tmp_path) == pytest.approx(8.0 / 400)
     assert costs.minutes_per_update({**cpu, "scale": "smoke"}, RATES, tmp_path) == "no GPU estimate at scale 'smoke'"
     assert costs.minutes_per_update({**cpu, "reused": []}, RATES, tmp_path) == "no training updates on record"
+
+
+def test_chapter_rates_read_each_committed_notebook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "book").mkdir()
+    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nchapters:\n- file: book/gpu\n"
+                                       "- file: book/old\n")
+    logs = tmp_path / "logs"
+    write_log(logs, "run-a", steady_log(updates=400))
+    monkeypatch.setattr(costs, "LOGS", logs)
+    chapter_notebook(tmp_path / "book" / "gpu.ipynb", {"scale": "small", "minutes": 2.0, "device type": "cuda",
+                                                        "reused": [{"entry": "run-a", "minutes": 6.0}],
+                                                        "cold minutes": 8.0})
+    chapter_notebook(tmp_path / "book" / "old.ipynb", None)
+    assert costs.chapter_rates(["gpu", "old", "gone"], tmp_path) == {
+        "gpu": pytest.approx(8.0 / 400), "old": "its notebook recorded no cost", "gone": "its notebook recorded no cost"}
