@@ -216,12 +216,14 @@ def started(entry: Path) -> dict:
 def mark_finished(entry: Path, files: list[str], **info) -> dict:
     """Write meta.json (last, atomically): the checksums of `files`, the provenance of the run (the commit it
     started at, from `begin`, and the one it finished at where they differ; torch's version; the date) and `info`
-    (wall time, device, ...)."""
+    (wall time, device, ...). A CPU run also records its torch threads, since a 2-core machine may train one run
+    on both cores or two runs side by side on one each."""
     now = git_commit()
     commit = started(entry).get("commit", now)
     meta = {"files": {name: file_sha256(entry / name) for name in files}, "commit": commit,
             **({"finished at commit": now} if now != commit else {}),
-            "torch": torch.__version__, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **info}
+            "torch": torch.__version__, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **info,
+            **({"cpu threads": torch.get_num_threads()} if info.get("device") == "cpu" else {})}
     with atomic_write(entry / "meta.json") as f:
         json.dump(meta, f, indent=1)
     USED.setdefault(entry.name, False)

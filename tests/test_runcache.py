@@ -135,6 +135,7 @@ def test_a_finished_entry_records_its_provenance(toy, tmp_path):
     meta = json.loads((run.out_dir / "meta.json").read_text())
     assert {"commit", "torch", "date", "device", "wall_time_s"} <= set(meta)
     assert meta["torch"] == torch.__version__ and meta["device"] == "cpu"
+    assert meta["cpu threads"] == torch.get_num_threads()
 
 
 def test_provenance_rows_name_the_commit_of_every_entry_used_trained_or_reused(toy, tmp_path, monkeypatch):

@@ -148,6 +148,24 @@ def retrieval_metrics(model, docs: Documents, bos_id: int = BOS, eos_id: int = E
             "spread": math.sqrt(max(total["squares"] - n_cross * mean ** 2, 0.0) / max(n_cross - 1, 1))}
 
 
+def retrieval_by_pooling(model, docs: Documents, bos_id: int = BOS, eos_id: int = EOS, pad_id: int = PAD,
+                         pool_groups: int = 0) -> dict[str, dict]:
+    """`retrieval_metrics` of `model` with g taken both ways: "bos", the state at the first token (the paper's §3),
+    and "mean", the mean over the document's tokens (our scales'). The model's own choice is restored afterwards.
+    On a fresh encoder this is what the scales' `relevance_pooling` rests on: how far apart the cosines f lie
+    ("spread") when nothing has been trained."""
+    encoder = model.encoder
+    kept = encoder.relevance_pooling
+    try:
+        out = {}
+        for how in ("bos", "mean"):
+            encoder.relevance_pooling = how
+            out[how] = retrieval_metrics(model, docs, bos_id, eos_id, pad_id, pool_groups=pool_groups)
+        return out
+    finally:
+        encoder.relevance_pooling = kept
+
+
 def pool_retrieval(g: torch.Tensor, lang: torch.Tensor, group: torch.Tensor) -> dict:
     """`retrieval_metrics` within one pool of documents: per query with a related document in another language, its
     hit and the reciprocal rank of its best related document; sums of f over related and unrelated cross-lingual
