@@ -380,14 +380,17 @@ def record_cost(path: Path, result: ChapterResult, device: str = "auto") -> dict
     """Store in the executed notebook's metadata (`msgcore.cost`) what this execution cost: its minutes, the device
     it ran on, each run-cache entry it reused with the commit and minutes of the run that made it, each entry it
     trained or built itself (its minutes are inside the execution's), and the cold cost (this execution plus the
-    reused entries' minutes; `cold is a lower bound` when an entry has no minutes on record)."""
+    reused entries' minutes; `cold is a lower bound` when an entry has no minutes on record). A CPU run that trained
+    on 1 of 2 cores, while another process trained on the other, counts for half its minutes
+    (`runcache.machine_share`): the cold cost is the machine's time, and two such processes share it."""
     import nbformat
 
     from msgcore import runcache
     from msgcore.utils import device_name
 
     rows = runcache.provenance_rows(result.reused)
-    known = [row["minutes"] for row in rows if row["minutes"] is not None]
+    shares = runcache.machine_shares([row["entry"] for row in rows])
+    known = [row["minutes"] * shares[row["entry"]] for row in rows if row["minutes"] is not None]
     resolved = resolve_device(device)
     cost = {"scale": result.scale, "minutes": round(result.minutes, 1), "device type": resolved.type,
             "device": device_name(resolved), "reused": rows, "built": runcache.provenance_rows(result.built),

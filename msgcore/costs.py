@@ -17,6 +17,9 @@ process at a time: its virtual machine has 2 vCPUs.
 # measured one-process time, unless arithmetic at the T4's datasheet peak would take longer (`t4_ms_per_update`).
 # Deviation: every update is timed as the book's Transformer update. A paper's model that launches more kernels per
 # update (MixRep's two streams and two decoders, say) takes longer there, so its estimate is low by up to that factor.
+# Deviation: a CPU run that trained on 1 of 2 cores, beside another process, spent its validations and checkpoints
+# at one thread's speed, so its "other" minutes, moved at the 2-thread decoding speed-up, are high by up to that
+# ratio (2 threads over 1). They are a few percent of a chapter's minutes; the updates do not depend on the CPU.
 # Every number computed here is labelled an estimate wherever it is shown.
 """
 from __future__ import annotations

@@ -216,19 +216,48 @@ def started(entry: Path) -> dict:
 def mark_finished(entry: Path, files: list[str], **info) -> dict:
     """Write meta.json (last, atomically): the checksums of `files`, the provenance of the run (the commit it
     started at, from `begin`, and the one it finished at where they differ; torch's version; the date) and `info`
-    (wall time, device, ...). A CPU run also records its torch threads, since a 2-core machine may train one run
-    on both cores or two runs side by side on one each."""
+    (wall time, device, ...). A CPU run also records its torch threads and the cores it could use, since a 2-core
+    machine may train one run on both cores or two runs side by side on one each (`machine_share`)."""
     now = git_commit()
     commit = started(entry).get("commit", now)
     meta = {"files": {name: file_sha256(entry / name) for name in files}, "commit": commit,
             **({"finished at commit": now} if now != commit else {}),
             "torch": torch.__version__, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **info,
-            **({"cpu threads": torch.get_num_threads()} if info.get("device") == "cpu" else {})}
+            **({"cpu threads": torch.get_num_threads(), "cpu cores": usable_cores()}
+               if info.get("device") == "cpu" else {})}
     with atomic_write(entry / "meta.json") as f:
         json.dump(meta, f, indent=1)
     USED.setdefault(entry.name, False)
     _append_name("MSGCORE_BUILT_LOG", entry.name)  # the book runner's record of what a chapter trained itself
     return meta
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def machine_share(meta: dict) -> float:
+    """The share of its machine a finished entry used: threads / cores for a CPU run that trained on fewer threads
+    than its machine has cores (so that another process could train beside it), else 1. A chapter's cold cost counts
+    a run's minutes at this share (`msgcore.book.record_cost`)."""
+    threads, cores = meta.get("cpu threads"), meta.get("cpu cores")
+    if type(threads) is not int or type(cores) is not int or not 0 < threads < cores:  # bool, str, 0 -> a whole one
+        return 1.0
+    return threads / cores
+
+
+def machine_shares(names: list[str]) -> dict[str, float]:
+    """`machine_share` of each named entry (1 for one without a readable meta.json)."""
+    root = cache_root()
+    shares = {}
+    for name in names:
+        try:
+            meta = json.loads((root / name / "meta.json").read_text()) if root else {}
+        except (OSError, ValueError):
+            meta = {}
+        shares[name] = machine_share(meta if isinstance(meta, dict) else {})
+    return shares
 
 
 def provenance_rows(names: list[str] | None = None) -> list[dict]:
@@ -240,10 +269,12 @@ def provenance_rows(names: list[str] | None = None) -> list[dict]:
     for name in (USED if names is None else names):
         meta_path = root / name / "meta.json" if root else None
         meta = json.loads(meta_path.read_text()) if meta_path and meta_path.is_file() else {}
-        wall = meta.get("wall_time_s")
+        wall, device = meta.get("wall_time_s"), meta.get("device", "?")
+        if machine_share(meta) < 1:  # e.g. "cpu (1 of 2 cores)": another run may have trained beside it
+            device = f"{device} ({meta['cpu threads']} of {meta['cpu cores']} cores)"
         rows.append({"entry": name, "here": "reused" if USED.get(name, True) else "trained now",
                      "trained at commit": meta.get("commit", "?"), "date": meta.get("date", "?"),
-                     "device": meta.get("device", "?"), "minutes": round(wall / 60, 1) if wall is not None else None})
+                     "device": device, "minutes": round(wall / 60, 1) if wall is not None else None})
     return rows
 
 

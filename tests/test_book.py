@@ -400,6 +400,11 @@ def test_an_execution_records_its_cost_and_the_reused_runs_commits_and_the_book_
     trained = book.record_cost(path, book.ChapterResult("ch_a", "small", "ok", 30.0, built=["run-aaa"]))
     assert trained["cold minutes"] == 30.0  # a run trained in the execution is inside its minutes, counted once
     assert [row["entry"] for row in trained["built"]] == ["run-aaa"] and trained["reused"] == []
+    (cache / "run-ccc").mkdir()  # trained on 1 of 2 cores beside another process: half of its 10 minutes
+    (cache / "run-ccc" / "meta.json").write_text(json.dumps({"files": {}, "device": "cpu", "wall_time_s": 600.0,
+                                                             "cpu threads": 1, "cpu cores": 2}))
+    shared = book.record_cost(path, book.ChapterResult("ch_a", "small", "ok", 30.0, reused=["run-aaa", "run-ccc"]))
+    assert shared["cold minutes"] == 45.0 and shared["reused"][1]["minutes"] == 10.0
     write_notebook(path, "print(1)")  # executed before costs were recorded: its duration alone, if any
     row = book.chapter_costs(tiny_book).set_index("chapter").loc["ch_a"]
     assert row["reused runs"] == row["cold minutes"] == "not recorded" and not row.isna().any()

@@ -135,7 +135,26 @@ def test_a_finished_entry_records_its_provenance(toy, tmp_path):
     meta = json.loads((run.out_dir / "meta.json").read_text())
     assert {"commit", "torch", "date", "device", "wall_time_s"} <= set(meta)
     assert meta["torch"] == torch.__version__ and meta["device"] == "cpu"
-    assert meta["cpu threads"] == torch.get_num_threads()
+    assert meta["cpu threads"] == torch.get_num_threads() and meta["cpu cores"] == runcache.usable_cores()
+
+
+def test_a_run_on_1_of_2_cores_takes_half_the_machine_and_its_provenance_says_so(tmp_path, monkeypatch):
+    assert runcache.machine_share({"cpu threads": 1, "cpu cores": 2}) == 0.5
+    for meta in ({}, {"cpu threads": 2, "cpu cores": 2}, {"cpu threads": 4, "cpu cores": 2},
+                 {"cpu threads": 0, "cpu cores": 2}, {"cpu threads": "1", "cpu cores": 2},
+                 {"cpu threads": True, "cpu cores": 2}, {"device": "cuda"}):
+        assert runcache.machine_share(meta) == 1.0, meta  # unknown, whole or malformed: the whole machine
+    monkeypatch.setenv("MSGCORE_RUNS", str(tmp_path))
+    monkeypatch.setattr(runcache, "USED", {})
+    for name, meta in (("run-one", {"cpu threads": 1, "cpu cores": 2}), ("run-two", {"cpu threads": 2, "cpu cores": 2})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "meta.json").write_text(json.dumps({"files": {}, "device": "cpu", "wall_time_s": 60, **meta}))
+    (tmp_path / "run-bad").mkdir()
+    (tmp_path / "run-bad" / "meta.json").write_text("[1, 2")
+    assert runcache.machine_shares(["run-one", "run-two", "run-bad", "run-none"]) == {
+        "run-one": 0.5, "run-two": 1.0, "run-bad": 1.0, "run-none": 1.0}
+    rows = runcache.provenance_rows(["run-one", "run-two"])
+    assert [row["device"] for row in rows] == ["cpu (1 of 2 cores)", "cpu"]
 
 
 def test_provenance_rows_name_the_commit_of_every_entry_used_trained_or_reused(toy, tmp_path, monkeypatch):

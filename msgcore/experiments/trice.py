@@ -102,7 +102,8 @@ TRICE_SCALES: dict[str, TriceScale] = {
         analysis=_ft(600, every=100, patience=2, lr=5e-4, valid_max_sentences=0, **CPU_BOOK_SETTING),
         beam_size=4, analysis_examples=300, seeds=(0, 1, 2),
         budget_total=600, budget_splits=(0, 200),
-        notes="2 CPU threads, bf16 autocast and the math attention kernel: the shared `small` denoiser (its own "
+        notes="2 CPU cores (a run on both, or two runs side by side on one each: the provenance table names "
+              "which), bf16 autocast and the math attention kernel: the shared `small` denoiser (its own "
               "line of the table: the `small` preset, the checkpoint that reconstructs held-out text best), then "
               "every finetuning stage early-stopped on its whole dev set (patience 2, within its own cap: 1,500 "
               "updates; TRICE's stage 1 and stage 2 each), Table 4's TED systems included; the Tables 5-7 variants "
